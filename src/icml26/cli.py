@@ -1,0 +1,109 @@
+"""Command line: ``icml26 list | show ROOM | reproduce [ROOM ...] | report DIR``.
+
+``list`` and ``show`` import no room and no optional dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .core.registry import ROOMS, get_room, room_card
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps([room.to_dict() for room in ROOMS], indent=2))
+        return 0
+    width = max(len(r.name) for r in ROOMS)
+    print(f"{'room':<{width}}  {'family':<9}  {'status':<7}  paper")
+    for r in ROOMS:
+        print(f"{r.name:<{width}}  {r.family:<9}  {r.status:<7}  {r.title}" + (f" (arXiv {r.arxiv})" if r.arxiv else ""))
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    print(room_card(args.room))
+    return 0
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from .harness.report import write_report
+    from .harness.runner import reproduce
+
+    for name in args.rooms:
+        room = get_room(name)
+        if room.status == "planned":
+            print(f"error: room {name!r} is planned but not implemented yet", file=sys.stderr)
+            return 2
+    try:
+        results = reproduce(args.rooms or None, args.tier, Path(args.out), n_seeds=args.seeds, force=args.force,
+                            spec_ids=args.spec)
+    except KeyboardInterrupt:
+        print("\ninterrupted: unfinished results are marked 'cancelled' and resume on the next run", file=sys.stderr)
+        return 130
+    for r in results:
+        print(f"{r['room']}/{r['spec']} [{r['tier']}]: {r['verdict']} ({r['verdict_rule']})")
+    if results:
+        page, _ = write_report(Path(args.out))
+        print(f"report: {page}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .harness.report import write_report
+
+    try:
+        page, md = write_report(Path(args.dir))
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {page} and {md}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="icml26", description="ICML 2026 methods and reproductions of their claims")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="list the 19 rooms and their status")
+    p.add_argument("--json", action="store_true", help="print a JSON list of room objects")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("show", help="print a room's method card")
+    p.add_argument("room", choices=[r.name for r in ROOMS], metavar="ROOM")
+    p.set_defaults(func=_cmd_show)
+
+    p = sub.add_parser("reproduce", help="run the claims of the given rooms (default: all implemented rooms)")
+    p.add_argument("rooms", nargs="*", metavar="ROOM", help="room names (default: all implemented)")
+    p.add_argument("--tier", choices=["smoke", "quick", "full"], default="quick")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the spec's count for the tier)")
+    p.add_argument("--out", default="results", help="results directory (default: results)")
+    p.add_argument("--spec", action="append", help="only run this spec id (repeatable)")
+    p.add_argument("--force", action="store_true", help="rerun specs whose results are complete")
+    p.set_defaults(func=_cmd_reproduce)
+
+    p = sub.add_parser("report", help="write DIR/report.html and DIR/report.md from the result files in DIR")
+    p.add_argument("dir", metavar="DIR")
+    p.set_defaults(func=_cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "seeds", None) is not None and args.seeds < 1:
+        print("error: --seeds must be at least 1", file=sys.stderr)
+        return 2
+    for name in getattr(args, "rooms", []) or []:
+        try:
+            get_room(name)
+        except KeyError as err:
+            print(f"error: {err.args[0]}", file=sys.stderr)
+            return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Atomic file writes: a reader never sees a half-written result, checkpoint or report."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+
+def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: str) -> Path:
+    """Write via a temporary file in the same directory, fsync, then ``os.replace`` (atomic on POSIX)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _jsonable(obj: Any) -> Any:
+    """Make floats JSON-safe (NaN/inf become strings) and unwrap numpy/torch scalars."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 1) == 0:
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    return obj
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically. Non-finite floats are stored as strings ("inf", "nan")."""
+    text = json.dumps(_jsonable(obj), indent=2, sort_keys=False)
+    return _atomic_write(path, lambda h: h.write(text + "\n"), "w")
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return _atomic_write(path, lambda h: h.write(text), "w")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    return _atomic_write(path, lambda h: h.write(data), "wb")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path) as handle:
+        return json.load(handle)

@@ -1,0 +1,55 @@
+"""Peak resident memory of a code region, sampled from /proc (CPU tensors do not go through tracemalloc)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (Linux /proc; falls back to the lifetime peak elsewhere)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * _PAGE
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class PeakRSS:
+    """Context manager: sample RSS every ``interval`` seconds in a thread and keep the peak.
+
+    After the block, ``peak_bytes`` is the highest RSS seen and ``delta_bytes`` the peak minus the RSS at entry
+    (what the region added). Sampling can miss a spike shorter than ``interval``; benchmarks that need exact
+    peaks run each arm in its own subprocess and read ``ru_maxrss`` instead.
+    """
+
+    def __init__(self, interval: float = 0.005):
+        self.interval = interval
+        self.start_bytes = self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, current_rss_bytes())
+            time.sleep(self.interval)
+
+    def __enter__(self) -> "PeakRSS":
+        self.start_bytes = self.peak_bytes = current_rss_bytes()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.peak_bytes = max(self.peak_bytes, current_rss_bytes())
+
+    @property
+    def delta_bytes(self) -> int:
+        return self.peak_bytes - self.start_bytes
