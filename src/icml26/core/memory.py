@@ -53,3 +53,20 @@ class PeakRSS:
     @property
     def delta_bytes(self) -> int:
         return self.peak_bytes - self.start_bytes
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """Bytes an optimizer keeps between steps: tensor storage plus 8 bytes per Python scalar in its state."""
+
+    def size(obj) -> int:
+        if hasattr(obj, "element_size") and hasattr(obj, "nelement"):
+            return obj.element_size() * obj.nelement()
+        if isinstance(obj, dict):
+            return sum(size(v) for v in obj.values())
+        if isinstance(obj, (list, tuple)):
+            return sum(size(v) for v in obj)
+        if isinstance(obj, (int, float, bool)):
+            return 8
+        return 0
+
+    return sum(size(v) for v in optimizer.state.values())

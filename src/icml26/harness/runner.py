@@ -128,6 +128,8 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
     """Run one spec at ``tier`` and write its result file; returns the result dict."""
     if tier not in TIERS:
         raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
+    if tier not in spec.tiers:
+        raise ValueError(f"spec {spec.id!r} has no {tier!r} tier; it has {sorted(spec.tiers)}")
     config = {**spec.tiers[tier], **(overrides or {})}
     unknown = set(overrides or {}) - set(spec.tiers[tier])
     if unknown:
@@ -209,7 +211,7 @@ def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int
     results = []
     for name in names:
         for spec in specs_for(name):
-            if wanted and spec.id not in wanted:
+            if (wanted and spec.id not in wanted) or tier not in spec.tiers:
                 continue
             results.append(run_spec(spec, tier, out, n_seeds=n_seeds, force=force))
     return results

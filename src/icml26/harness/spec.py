@@ -57,7 +57,9 @@ class ExperimentSpec:
         baseline: which arm is the paper's baseline.
         comparator: the fixed pass rule on a per-seed statistic.
         run: runs all arms for one seed; gets the tier config, the seed and the output of ``prepare``.
-        tiers: tier name -> the complete config for that tier (recorded verbatim in the result).
+        tiers: tier name -> the complete config for that tier (recorded verbatim in the result). "smoke" is
+            required; a spec without a "quick" entry (e.g. one that needs a pretrained LM) is skipped by
+            ``make reproduce`` and runs with ``--tier full``.
         seeds: tier name -> number of seeds.
         prepare: optional step run once per spec before the seeds (e.g. the learning-rate grid search on a
             tuning seed, identical for all arms); its JSON-able output is stored and passed to ``run``.
@@ -81,12 +83,13 @@ class ExperimentSpec:
     notes: str = ""
 
     def __post_init__(self) -> None:
-        missing = [t for t in TIERS if t not in self.tiers]
-        if missing:
-            raise ValueError(f"spec {self.id!r} has no config for tier(s) {missing}")
+        unknown = [t for t in self.tiers if t not in TIERS]
+        if unknown or "smoke" not in self.tiers or len(self.tiers) < 2:
+            raise ValueError(f"spec {self.id!r}: tiers must be a subset of {TIERS} with 'smoke' and at least one "
+                             f"more, got {sorted(self.tiers)}")
         if self.baseline not in self.arms:
             raise ValueError(f"spec {self.id!r}: baseline {self.baseline!r} is not one of its arms {self.arms}")
-        if any(self.seeds.get(t, 0) < 1 for t in TIERS):
+        if any(self.seeds.get(t, 0) < 1 for t in self.tiers):
             raise ValueError(f"spec {self.id!r}: every tier needs at least one seed, got {dict(self.seeds)}")
 
 
