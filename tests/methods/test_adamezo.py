@@ -193,3 +193,23 @@ def test_works_on_a_transformers_model(monkeypatch):
         end = float(closure())
     assert opt.forward_passes == 120
     assert end < start - 0.05, (start, end)
+
+
+def test_claim_statistic_counts_forward_passes_to_mezo_best(monkeypatch):
+    from icml26.methods.adamezo import experiments
+
+    curves = {  # (forward passes, wall seconds, validation loss)
+        "mezo": [(0, 0.0, 2.0), (100, 1.0, 1.5), (200, 2.0, 1.0)],
+        "adamezo": [(0, 0.0, 2.0), (100, 1.5, 0.9), (200, 3.0, 0.8)],
+        "adam": [(0, 0.0, 2.0), (50, 1.0, 0.5), (100, 2.0, 0.4)],
+    }
+    monkeypatch.setattr(experiments, "train_arm",
+                        lambda arm, config, seed, lr, norm_schedule=None: {
+                            "curve": curves[arm], "step_norms": [], "state_bytes": 8, "peak_rss_delta_bytes": 0})
+    res = experiments.run_seed({"norm_cache_ablation": False}, 0, {"lr": {a: 1e-3 for a in curves}})
+    assert res["statistics"]["target_val_loss"] == 1.0
+    assert res["statistics"]["fp_reduction"] == pytest.approx(0.5)  # 100 vs 200 forward passes
+    assert res["statistics"]["wall_ratio_adamezo_over_mezo"] == pytest.approx(0.75)
+    curves["adamezo"] = [(0, 0.0, 2.0), (100, 1.0, 1.8), (200, 2.0, 1.2)]  # never reaches the target
+    res = experiments.run_seed({"norm_cache_ablation": False}, 0, {"lr": {a: 1e-3 for a in curves}})
+    assert res["statistics"]["fp_reduction"] == pytest.approx(0.0) and res["arms"]["adamezo"]["reached_target"] == 0

