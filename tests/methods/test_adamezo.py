@@ -213,3 +213,13 @@ def test_claim_statistic_counts_forward_passes_to_mezo_best(monkeypatch):
     curves["adamezo"] = [(0, 0.0, 2.0), (100, 1.0, 1.8), (200, 2.0, 1.2)]  # never reaches the target
     res = experiments.run_seed({"norm_cache_ablation": False}, 0, {"lr": {a: 1e-3 for a in curves}})
     assert res["statistics"]["fp_reduction"] == pytest.approx(0.0) and res["arms"]["adamezo"]["reached_target"] == 0
+
+
+def test_same_seed_same_metrics():
+    from icml26.methods.adamezo.experiments import SPECS, train_arm
+
+    config = dict(SPECS[0].tiers["smoke"], steps=30, eval_every=10)
+    first, second = (train_arm("adamezo", config, 3, 1e-5)["curve"] for _ in range(2))
+    assert [v for _, _, v in first] == [v for _, _, v in second]
+    other = train_arm("adamezo", config, 4, 1e-5)["curve"]
+    assert [v for _, _, v in first] != [v for _, _, v in other]

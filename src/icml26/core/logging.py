@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .io import _jsonable
 
@@ -49,3 +51,24 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return records
+
+
+_ACTIVE: contextvars.ContextVar[JsonlLogger | None] = contextvars.ContextVar("icml26_metric_log", default=None)
+
+
+@contextmanager
+def metric_log(path: str | os.PathLike) -> Iterator[JsonlLogger]:
+    """Make ``path`` the destination of :func:`log_metrics` calls inside the block (the runner sets one per spec)."""
+    with JsonlLogger(path) as logger:
+        token = _ACTIVE.set(logger)
+        try:
+            yield logger
+        finally:
+            _ACTIVE.reset(token)
+
+
+def log_metrics(step: int, **metrics: Any) -> None:
+    """Log to the active :func:`metric_log`, if any; training loops call this unconditionally."""
+    logger = _ACTIVE.get()
+    if logger is not None:
+        logger.log(step, **metrics)

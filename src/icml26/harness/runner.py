@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.io import atomic_write_json, read_json
+from ..core.logging import metric_log
 from ..core.memory import PeakRSS
 from ..core.progress import progress
 from ..core.registry import ROOMS, get_room, import_room
@@ -165,8 +166,12 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                       wall_time_s=earlier_wall + time.perf_counter() - start)
         atomic_write_json(path, result)
 
+    # Per-step metrics of every arm go to SPEC_ID.metrics.jsonl; a fresh (not resumed) run starts it anew.
+    metrics_path = path.with_suffix(".metrics.jsonl")
+    if not done and metrics_path.exists():
+        metrics_path.unlink()
     try:
-        with PeakRSS() as mem:
+        with PeakRSS() as mem, metric_log(metrics_path):
             if spec.prepare is not None and prepared is None:
                 result["prepared"] = prepared = spec.prepare(config)
                 write("running")

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ...core.assets import cache_dir
+from ...core.logging import log_metrics
 from ...core.memory import PeakRSS, optimizer_state_bytes
 from ...core.progress import progress
 from ...core.seeding import seed_everything
@@ -242,6 +243,7 @@ def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float,
             if (step + 1) % every == 0 or step + 1 == steps:
                 value = task.val_loss(model)
                 curve.append((fp, wall, value))
+                log_metrics(step + 1, arm=arm, seed=seed, lr=lr, forward_passes=fp, wall_s=wall, val_loss=value)
                 if not math.isfinite(value):
                     break  # diverged: the rest of the budget cannot help
     return {"curve": curve, "step_norms": step_norms, "state_bytes": optimizer_state_bytes(opt),
