@@ -1,0 +1,14 @@
+"""Shared adapter machinery (a small version of peft's BaseTuner): inject, merge/unmerge, save/load, count.
+
+A method subclasses :class:`AdapterLinear`, declares its parameter ``prefix`` and implements ``delta_weight``
+(and, where it is cheaper, ``adapter_forward``). Everything else lives here, so every adapter room gets the
+same contract, checked by ``tests/families/test_adapters_common.py``.
+"""
+
+from .base import AdapterConfig, AdapterLinear, LoRALinear
+from .inject import (adapter_layers, adapter_state_dict, count_trainable_parameters, find_target_modules,
+                     inject_adapters, load_adapters, merge_adapters, save_adapters, unmerge_adapters)
+
+__all__ = ["AdapterConfig", "AdapterLinear", "LoRALinear", "adapter_layers", "adapter_state_dict",
+           "count_trainable_parameters", "find_target_modules", "inject_adapters", "load_adapters",
+           "merge_adapters", "save_adapters", "unmerge_adapters"]

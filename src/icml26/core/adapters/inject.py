@@ -1,0 +1,112 @@
+"""Inject adapters into a model's nn.Linear modules by name; merge, unmerge, save, load, count."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from .base import AdapterConfig, AdapterLinear
+
+
+def find_target_modules(model: nn.Module, target_modules) -> list[str]:
+    """Names of the ``nn.Linear`` modules selected by ``target_modules``.
+
+    A list/tuple of strings selects modules whose name equals an entry or ends with ``"." + entry``; every entry
+    must select at least one module. A single string is a regex that must match the whole name. An entry that
+    selects nothing raises ValueError listing the Linear modules the model has.
+    """
+    linears = [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
+    if isinstance(target_modules, str):
+        chosen = [n for n in linears if re.fullmatch(target_modules, n)]
+        unmatched = [] if chosen else [target_modules]
+    else:
+        chosen, unmatched = [], []
+        for suffix in target_modules:
+            hits = [n for n in linears if n == suffix or n.endswith("." + suffix)]
+            if not hits:
+                unmatched.append(suffix)
+            chosen += [h for h in hits if h not in chosen]
+    if unmatched:
+        shown = ", ".join(linears[:40]) + (" ..." if len(linears) > 40 else "")
+        raise ValueError(f"target_modules {unmatched} matched no nn.Linear module; the model's Linear modules are: "
+                         f"{shown or '(none)'}")
+    return [n for n in linears if n in chosen]
+
+
+def inject_adapters(model: nn.Module, config: AdapterConfig,
+                    make: Callable[[nn.Linear, int, float, str], AdapterLinear]) -> list[str]:
+    """Replace each targeted Linear with ``make(linear, rank, alpha, name)`` and freeze everything else.
+
+    Returns the names of the adapted modules. Per-module ranks and alphas come from ``config.rank_for`` and
+    ``config.alpha_for`` (so a CSPLoRA plan's ``rank_pattern`` applies to every adapter method alike). Every
+    ``rank_pattern``/``alpha_pattern`` key must match at least one adapted module.
+    """
+    names = find_target_modules(model, config.target_modules)
+    for pattern_name, patterns in (("rank_pattern", config.rank_pattern), ("alpha_pattern", config.alpha_pattern)):
+        for key in patterns:
+            if not any(AdapterConfig._pattern_matches(key, n) for n in names):
+                raise ValueError(f"{pattern_name} key {key!r} matches none of the adapted modules {names}")
+    for param in model.parameters():
+        param.requires_grad_(False)
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        layer = make(getattr(parent, child), config.rank_for(name), config.alpha_for(name), name)
+        setattr(parent, child, layer)
+    return names
+
+
+def adapter_layers(model: nn.Module) -> Iterator[tuple[str, AdapterLinear]]:
+    for name, module in model.named_modules():
+        if isinstance(module, AdapterLinear):
+            yield name, module
+
+
+def merge_adapters(model: nn.Module) -> None:
+    for _, layer in adapter_layers(model):
+        layer.merge()
+
+
+def unmerge_adapters(model: nn.Module) -> None:
+    for _, layer in adapter_layers(model):
+        layer.unmerge()
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Only the adapter tensors: keys whose last component starts with the owning layer's ``prefix``."""
+    prefixes = {type(layer).prefix for _, layer in adapter_layers(model)}
+    return {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith(tuple(prefixes))}
+
+
+def save_adapters(model: nn.Module, path: str | os.PathLike) -> None:
+    """Write the adapter tensors to a safetensors file (atomically)."""
+    from safetensors.torch import save
+
+    from ..io import atomic_write_bytes
+
+    state = {k: v.detach().contiguous().cpu() for k, v in adapter_state_dict(model).items()}
+    atomic_write_bytes(path, save(state))
+
+
+def load_adapters(model: nn.Module, path: str | os.PathLike) -> None:
+    """Load adapter tensors saved by :func:`save_adapters` into a model with the same adapters injected."""
+    from safetensors.torch import load_file
+
+    saved = load_file(str(path))
+    expected = adapter_state_dict(model)
+    missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"adapter file {path} does not fit this model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    for _, layer in adapter_layers(model):
+        if layer.merged:
+            raise RuntimeError("unmerge the adapters before loading new adapter weights")
+    model.load_state_dict(saved, strict=False)
+
+
+def count_trainable_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
