@@ -1,10 +1,13 @@
 """The adapter contract, checked for every adapter method (peft-style case matrix).
 
-An adapter room joins by appending a row to ``ADAPTER_CASES``: ``(case_id, make)`` where
-``make(linear, rank, alpha, name) -> AdapterLinear``. ``pytest -k <room>`` selects its rows.
+An adapter room joins by exporting ``ADAPTER_CASES`` from its package: a list of ``(case_id, make)`` rows where
+``make(linear, rank, alpha, name) -> AdapterLinear`` and ``case_id`` starts with the room name, so
+``pytest -k <room>`` selects its rows. Rows are collected from every room folder that exists on disk.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
@@ -14,9 +17,18 @@ from icml26.core.adapters import (AdapterConfig, LoRALinear, adapter_layers, cou
                                   inject_adapters, load_adapters, merge_adapters, save_adapters, unmerge_adapters)
 from icml26.core.testing import assert_close
 
-ADAPTER_CASES = [
-    ("lora", lambda linear, r, alpha, name: LoRALinear(linear, r, alpha)),
-]
+from icml26.core.registry import ROOMS
+
+
+def _collect_cases() -> list:
+    cases = [("lora", lambda linear, r, alpha, name: LoRALinear(linear, r, alpha))]
+    for room in ROOMS:
+        if (room.folder / "__init__.py").exists():
+            cases += list(getattr(importlib.import_module(room.import_path), "ADAPTER_CASES", []))
+    return cases
+
+
+ADAPTER_CASES = _collect_cases()
 
 
 def _mlp() -> tuple[nn.Module, torch.Tensor, list[str]]:
