@@ -9,6 +9,7 @@ its finished seeds and a rerun with the same config resumes from them. A complet
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import platform
@@ -19,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..core.io import atomic_write_json, read_json
+from ..core.io import atomic_write_bytes, atomic_write_json, read_json
 from ..core.logging import metric_log
 from ..core.memory import PeakRSS
 from ..core.progress import progress
@@ -96,8 +97,6 @@ def _plot(spec: ExperimentSpec, result: dict, path: Path) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..core.io import atomic_write_bytes
-
     fig, ax = plt.subplots(figsize=(6.0, 3.8))
     try:
         if spec.plot is not None:
@@ -114,8 +113,6 @@ def _plot(spec: ExperimentSpec, result: dict, path: Path) -> str | None:
             ax.legend()
         ax.set_title(f"{spec.room}: {spec.id} ({result['tier']})", fontsize=9)
         fig.tight_layout()
-        import io
-
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110)
         atomic_write_bytes(path, buf.getvalue())
