@@ -75,7 +75,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("pgt", "trainer", "PGT: preference goal tuning of goal-conditioned policies",
               "2412.02125", "latent-goal preference tuning trainer", ("rl",)),
     RoomEntry("salaad", "adapter", "SALAAD: sparse and low-rank adaptation via ADMM",
-              "2602.00942", "sparse plus low-rank ADMM trainer with budgeted truncation", ("llm",)),
+              "2602.00942", "sparse plus low-rank ADMM trainer with budgeted truncation", ("llm",), "done"),
     RoomEntry("kromhc", "layer", "KromHC: Kronecker-product hyper-connections",
               "2601.21579", "HC/mHC/mHC-lite/KromHC residual wrappers"),
     RoomEntry("tabicl2", "estimator", "TabICLv2: tabular in-context learning",
