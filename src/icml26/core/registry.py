@@ -61,7 +61,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("fix_attention", "layer", "FiX: introducing fine-grained forget gate into softmax attention",
               "", "FiX/FoX forgetting attention layers"),
     RoomEntry("csplora", "planner", "CSPLoRA: confidence-guided structural planning for LoRA",
-              "", "per-module LoRA rank planner exporting to PEFT", ("llm",)),
+              "", "per-module LoRA rank planner exporting to PEFT", ("llm",), "done"),
     RoomEntry("dare", "trainer", "DARE: dynamic alignment for relaxation in offline-to-online RL",
               "2511.03828", "offline-to-online RL trainer", ("rl",)),
     RoomEntry("feddtl", "trainer", "FedDTL: decoupled training with local reinforcement fine-tuning in federated learning",
