@@ -77,7 +77,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("salaad", "adapter", "SALAAD: sparse and low-rank adaptation via ADMM",
               "2602.00942", "sparse plus low-rank ADMM trainer with budgeted truncation", ("llm",), "done"),
     RoomEntry("kromhc", "layer", "KromHC: Kronecker-product hyper-connections",
-              "2601.21579", "HC/mHC/mHC-lite/KromHC residual wrappers"),
+              "2601.21579", "HC/mHC/mHC-lite/KromHC residual wrappers", (), "done"),
     RoomEntry("tabicl2", "estimator", "TabICLv2: tabular in-context learning",
               "2602.11139", "scikit-learn in-context tabular estimator", ("tabular",)),
     RoomEntry("scalora", "adapter", "ScaLoRA: optimally scaled low-rank adaptation for efficient high-rank fine-tuning",

@@ -47,7 +47,7 @@ def run_info(config: dict, tier: str, seeds: list[int]) -> dict:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             continue
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = _git("status", "--porcelain")  # untracked (not ignored) files count: new code makes a tree dirty
     return {
         "git_sha": _git("rev-parse", "HEAD") or "unknown",
         "git_dirty": bool(status) if status is not None else None,
