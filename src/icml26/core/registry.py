@@ -69,7 +69,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("starembed", "science", "StarEmbed: benchmarking time-series foundation models on astronomical light curves",
               "2510.06200", "light-curve embedding benchmark", ("astro", "tabular")),
     RoomEntry("lokra", "adapter", "LoKRA: low Kruskal-rank adaptation",
-              "", "LoKRA and LoKRA+ adapters", ("llm",)),
+              "", "LoKRA and LoKRA+ adapters", ("llm",), "done"),
     RoomEntry("lockin", "probe", "Trajectory lock-in and the drift paradox in fine-tuning",
               "", "fine-tuning trajectory probes", ("llm",)),
     RoomEntry("pgt", "trainer", "PGT: preference goal tuning of goal-conditioned policies",
