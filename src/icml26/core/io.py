@@ -58,3 +58,19 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 def read_json(path: str | os.PathLike) -> Any:
     with open(path) as handle:
         return json.load(handle)
+
+
+def cached_tensors(path: str | os.PathLike, build: Callable[[], dict]) -> dict:
+    """Tensors from the safetensors file ``path``; on a miss, ``build()`` them and save them atomically first.
+
+    Used for deterministic derived assets (e.g. a pretrained tiny model) that are costly to rebuild. Tied
+    tensors must be passed as separate copies: safetensors refuses shared storage.
+    """
+    from safetensors.torch import load_file, save
+
+    path = Path(path)
+    if path.exists():
+        return load_file(str(path))
+    tensors = {k: v.detach().contiguous().clone() for k, v in build().items()}
+    atomic_write_bytes(path, save(tensors))
+    return tensors

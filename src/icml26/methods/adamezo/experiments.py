@@ -24,10 +24,12 @@ import torch
 from torch import nn
 
 from ...core.assets import cache_dir
+from ...core.io import cached_tensors
 from ...core.logging import log_metrics
 from ...core.memory import PeakRSS, optimizer_state_bytes
 from ...core.progress import progress
 from ...core.seeding import seed_everything
+from ...harness.plots import plot_mean_curves
 from ...harness.spec import Comparator, ExperimentSpec
 from .optimizer import AdaMeZO, MeZO
 
@@ -93,31 +95,25 @@ def _lm_config(config: Mapping[str, Any]):
 @functools.lru_cache(maxsize=4)
 def _pretrained_state(d_model: int, n_layers: int, n_heads: int, seq_len: int, corpus: str, steps: int) -> dict:
     """Adam-pretrain the tiny LM on ``corpus`` (deterministic, seed 0); cached on disk as safetensors."""
-    from safetensors.torch import load_file, save_file
-
     from ...data.text import load_corpus, sample_batch
     from ...models.tiny_lm import TinyLM
 
-    path = cache_dir("adamezo") / f"tinylm-{corpus}-d{d_model}-l{n_layers}-h{n_heads}-t{seq_len}-s{steps}.safetensors"
-    if path.exists():
-        return load_file(str(path))
-    cfg = _lm_config({"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads, "seq_len": seq_len})
-    seed_everything(0)
-    model = TinyLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    data, gen = load_corpus(corpus).train, torch.Generator().manual_seed(0)
-    for _ in progress(range(steps), desc=f"pretraining tiny LM on {corpus}"):
-        x, y = sample_batch(data, 32, seq_len, gen)
-        _, loss = model(x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    # Tied embeddings share storage; safetensors refuses shared tensors, and load_state_dict re-ties them.
-    tmp = path.with_suffix(".tmp")
-    save_file(state, str(tmp))
-    tmp.replace(path)
-    return state
+    def pretrain() -> dict:
+        cfg = _lm_config({"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads, "seq_len": seq_len})
+        seed_everything(0)
+        model = TinyLM(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+        data, gen = load_corpus(corpus).train, torch.Generator().manual_seed(0)
+        for _ in progress(range(steps), desc=f"pretraining tiny LM on {corpus}"):
+            x, y = sample_batch(data, 32, seq_len, gen)
+            _, loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return model.state_dict()
+
+    name = f"tinylm-{corpus}-d{d_model}-l{n_layers}-h{n_heads}-t{seq_len}-s{steps}.safetensors"
+    return cached_tensors(cache_dir("adamezo") / name, pretrain)
 
 
 def tiny_lm_task(config: Mapping[str, Any], seed: int) -> Task:
@@ -312,23 +308,8 @@ def run_seed(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any]) 
 
 def plot_curves(result: dict, ax) -> None:
     """Validation loss against forward passes, mean over seeds, with MeZO's best loss as the target line."""
-    import numpy as np
-
-    seeds = result["seed_results"]
-    for arm in result["arms_order"]:
-        runs = [r["curves"][arm] for r in seeds if arm in r.get("curves", {})]
-        if not runs:
-            continue
-        n = min(len(r) for r in runs)
-        fp = np.array([p[0] for p in runs[0][:n]], dtype=float)
-        loss = np.array([[p[1] for p in r[:n]] for r in runs], dtype=float)
-        ax.plot(fp, loss.mean(0), label=arm)
-    targets = [r["statistics"]["target_val_loss"] for r in seeds]
-    ax.axhline(float(np.mean(targets)), color="k", ls=":", lw=1, label="target (MeZO best)")
-    ax.set_xlabel("forward passes (Adam: forward passes, backward not counted)")
-    ax.set_ylabel("validation loss")
-    ax.set_yscale("log")
-    ax.legend(fontsize=8)
+    plot_mean_curves(result, ax, xlabel="forward passes (Adam: forward passes, backward not counted)",
+                     target="target_val_loss", target_label="target (MeZO best)", log_y=True)
 
 
 def _digits(steps: int, grid: list[float], n_seeds_note: str = "") -> dict:

@@ -27,6 +27,7 @@ import torch
 
 from ...core.progress import progress
 from ...core.seeding import seed_everything
+from ...harness.plots import plot_mean_curves
 from ...harness.spec import Comparator, ExperimentSpec
 from .diagnostics import mixing_report, record_mixing
 from .layers import HyperResidual, parameter_count
@@ -150,19 +151,7 @@ def run_seed(config: Mapping[str, Any], seed: int, prepared: Any = None) -> dict
 
 def plot_curves(result: dict, ax) -> None:
     """Validation loss against training step, mean over seeds, one line per arm."""
-    import numpy as np
-
-    for arm in result["arms_order"]:
-        runs = [r["curves"][arm] for r in result["seed_results"] if arm in r.get("curves", {})]
-        if not runs:
-            continue
-        n = min(len(r) for r in runs)
-        steps = np.array([p[0] for p in runs[0][:n]], dtype=float)
-        loss = np.array([[p[1] for p in r[:n]] for r in runs], dtype=float)
-        ax.plot(steps[1:], loss[:, 1:].mean(0), label=arm)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("validation loss (nats / byte)")
-    ax.legend(fontsize=8)
+    plot_mean_curves(result, ax, xlabel="training step", ylabel="validation loss (nats / byte)", skip_first=True)
 
 
 def _config(steps: int, **overrides: Any) -> dict:

@@ -33,9 +33,11 @@ from torch.nn import functional as F
 
 from ...core.adapters import AdapterConfig, LoRALinear, adapter_layers, count_trainable_parameters, inject_adapters
 from ...core.assets import cache_dir
+from ...core.io import cached_tensors
 from ...core.logging import log_metrics
 from ...core.progress import progress
 from ...core.seeding import seed_everything
+from ...harness.plots import plot_mean_curves
 from ...harness.spec import Comparator, ExperimentSpec
 from .adapter import kruskal_penalty, lokra_make, lokra_plus_make, update_diagnostics
 from .config import LoKRAConfig
@@ -88,16 +90,7 @@ def _inject(model: nn.Module, arm: str, config: Mapping[str, Any], seed: int) ->
 # -- digits: an MLP pretrained on MNIST (8x8), fine-tuned on sklearn's digits (same classes, another source) --------
 def _cached(name: str, build: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Load tensors from ``cache_dir('lokra')/name`` (safetensors), building and saving them on a miss."""
-    from safetensors.torch import load_file, save_file
-
-    path = cache_dir("lokra") / name
-    if path.exists():
-        return load_file(str(path))
-    tensors = {k: v.detach().contiguous().clone() for k, v in build().items()}
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp))
-    tmp.replace(path)
-    return tensors
+    return cached_tensors(cache_dir("lokra") / name, build)
 
 
 def _unit_max(X: torch.Tensor) -> torch.Tensor:
@@ -370,19 +363,7 @@ def run_seed(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any]) 
 
 def plot_curves(result: dict, ax) -> None:
     """Validation loss against steps, mean over seeds, one line per arm."""
-    import numpy as np
-
-    for arm in result["arms_order"]:
-        runs = [r["curves"][arm] for r in result["seed_results"] if arm in r.get("curves", {})]
-        if not runs:
-            continue
-        n = min(len(r) for r in runs)
-        steps = np.array([p[0] for p in runs[0][:n]], dtype=float)
-        loss = np.array([[p[1] for p in r[:n]] for r in runs], dtype=float)
-        ax.plot(steps, loss.mean(0), label=arm)
-    ax.set_xlabel("fine-tuning step")
-    ax.set_ylabel("validation loss")
-    ax.legend(fontsize=8)
+    plot_mean_curves(result, ax, xlabel="fine-tuning step")
 
 
 # -- tiers -------------------------------------------------------------------------------------------------------

@@ -1,0 +1,387 @@
+"""Fast paths for FiX and FoX in plain PyTorch: exact, overflow-free, O(T) training memory for FiX.
+
+FiX (per-channel decay, ``fix_attention_chunked``)
+    u_i = sum_{j <= i} p_ij exp(Lambda_i - Lambda_j) (.) v_j with p_ij = softmax_j(s_ij). Writing it as
+    exp(Lambda_i) (.) Attn(q, K, exp(-Lambda) (.) V) overflows once -Lambda_j > 88 in float32 (after about
+    130 tokens at f = 0.5). Instead every pair (i, j) is assigned a boundary position b with j <= b < i and
+
+        exp(Lambda_i - Lambda_j) = exp(Lambda_i - Lambda_b) * exp(Lambda_b - Lambda_j),   both exponents <= 0,
+
+    so the query factor multiplies output rows and the key factor multiplies values, around a plain matmul. The
+    boundaries come from a dyadic tree over a super-block of R = C 2^L rows: at level l (blocks of M = C 2^l) the
+    right block of every sibling pair attends to the left block through the boundary between them. Every pair is
+    covered once, with O(R dv) element-wise work per level; pairs inside a leaf of C positions use the explicit
+    C x C x dv decay, exponentiated only where j <= i. Keys before the super-block (earlier tokens, and a decode
+    cache) use the super-block's start as boundary. Nothing overflows; underflow to 0 is real forgetting. The log
+    decays are float64 differences of Lambda within a super-block, so they keep float32 precision of the result.
+
+    The softmax is accumulated online (flash-attention style: running row max, rescaled partial sums), and a custom
+    autograd function recomputes the scores in the backward pass, so training memory is O(T d) per head, not
+    O(T^2). With o the output, g its gradient and delta_i = g_i . o_i (the FlashAttention identity):
+
+        dv_j = sum_i p_ij D_ij (.) g_i,          dp_ij = g_i . (D_ij (.) v_j),      ds_ij = p_ij (dp_ij - delta_i),
+        dq_i = scale sum_j ds_ij k_j,            dk_j = scale sum_i ds_ij q_i,
+        dLambda_i = g_i (.) o_i - v_i (.) dv_i,  dlog f_t = sum_{i >= t} dLambda_i.
+
+    Each factorises through the same boundaries. A decode cache holds values already decayed to the position before
+    the first new token (``prefix_k``/``prefix_v``), so it costs the bytes of a plain KV cache.
+
+FoX (scalar decay per head, ``fox_attention_chunked``)
+    o_i = sum_j softmax_j(s_ij + Lambda_i - Lambda_j) v_j. The bias has rank two, so it is folded into the dot
+    product and the fused ``scaled_dot_product_attention`` kernel runs FoX unchanged (O(T) memory). As in the official
+    kernel, Lambda is one float32 cumulative sum; the fused dot product adds Lambda_i and -Lambda_j separately, so a
+    logit carries an absolute error of about float32 eps * |Lambda| (the official code's float32 Lambda has one of
+    the same order).
+
+Both compute in float32 (float64 for float64 inputs) and return the input dtype, so bfloat16 inputs are safe.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+# Attention scores per (batch, head) held at once: 2^20 floats = 4 MiB, i.e. T = 1024 in one super-block.
+MAX_BLOCK_SCORES = 1 << 20
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _plan(t: int, n_pre: int, leaf: int, max_block_scores: int) -> int:
+    """Super-block rows R = leaf * 2^L: the largest whose padding adds at most 1/8 to T (or one leaf) and whose
+    score rows fit ``max_block_scores`` per (batch, head)."""
+    limit = max(t + t // 8, -(-t // leaf) * leaf)
+    rows, best = leaf, leaf
+    while rows < t:
+        rows *= 2
+        padded = -(-t // rows) * rows
+        if rows * (n_pre + padded) > max_block_scores:
+            break
+        if padded <= limit:
+            best = rows
+    return best
+
+
+def _reverse_exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """out_j = sum_{t > j} x_t along ``dim`` (the log decay from j to the end of the span)."""
+    suffix = x.flip(dim).cumsum(dim).flip(dim)
+    # Shift by one instead of subtracting x_j, which would cost digits when x_j dominates the sum.
+    return torch.cat((suffix.narrow(dim, 1, x.shape[dim] - 1), torch.zeros_like(x.narrow(dim, 0, 1))), dim)
+
+
+class _Geometry:
+    """Shapes, views and decay factors of one super-block, shared by the forward and the backward pass.
+
+    Attributes after construction: ``lam`` (B, H, R, dv) float64 Lambda_i - Lambda_{s0-1}; ``leaf_decay``
+    (B, H, R/C, C, C, dv) the explicit decay inside leaves (1 where j > i, where the weights are 0);
+    ``causal`` (C, C).
+    """
+
+    def __init__(self, lf_s: torch.Tensor, leaf: int) -> None:
+        b, h, r, dv = lf_s.shape
+        self.shape, self.leaf, self.dtype = (b, h, r, dv), leaf, lf_s.dtype
+        self.lam = lf_s.double().cumsum(2)
+        self.causal = torch.ones(leaf, leaf, dtype=torch.bool, device=lf_s.device).tril()
+        lam_leaf = lf_s.view(b, h, r // leaf, leaf, dv).cumsum(3)
+        # For j > i the difference is >= 0; clamping it to 0 keeps the exp finite, and the softmax weight of
+        # those pairs is exactly 0 wherever the decay is used, so no mask is needed here.
+        self.leaf_decay = (lam_leaf.unsqueeze(4) - lam_leaf.unsqueeze(3)).clamp_max_(0.0).exp_()
+
+    def leaf_view(self, x: torch.Tensor) -> torch.Tensor:
+        b, h, r, _ = self.shape
+        return x.view(b, h, r // self.leaf, self.leaf, x.shape[-1])
+
+    def levels(self):
+        """Yield (pair, q_decay, k_decay) per tree level: ``pair(x)`` splits (B, H, R, .) into the (right, left)
+        blocks of every sibling pair; q_decay = exp(Lambda_i - Lambda_b) on the right block, k_decay =
+        exp(Lambda_b - Lambda_j) on the left block, b the last position of the left block."""
+        b, h, r, dv = self.shape
+        size = self.leaf
+        while size < r:
+            split = (b, h, r // (2 * size), 2, size)
+
+            def pair(x: torch.Tensor, split=split) -> tuple[torch.Tensor, torch.Tensor]:
+                halves = x.view(*split, x.shape[-1])
+                return halves[:, :, :, 1], halves[:, :, :, 0]
+
+            lam = self.lam.view(*split, dv)
+            bound = lam[:, :, :, 0, -1:]
+            q_decay = (lam[:, :, :, 1] - bound).to(self.dtype).exp()       # exp(Lambda_i - Lambda_b), right block
+            k_decay = (bound - lam[:, :, :, 0]).to(self.dtype).exp()       # exp(Lambda_b - Lambda_j), left block
+            yield pair, q_decay, k_decay
+            size *= 2
+
+
+def _early_values(v_early: torch.Tensor | None, lf_early: torch.Tensor | None, pre_v: torch.Tensor | None,
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Values of the keys before a super-block decayed to its start, and the two factors used.
+
+    Returns (values (B, H, P + s0, dv) or None, prefix factor (B, H, 1, dv) or None, new-token factors (B, H, s0, dv)
+    or None): the cache prefix is decayed to position -1 and carried over the s0 earlier new tokens.
+    """
+    parts, pre_factor, new_factor = [], None, None
+    if pre_v is not None:
+        pre_factor = None if lf_early is None else lf_early.sum(2, keepdim=True).exp()
+        parts.append(pre_v if pre_factor is None else pre_v * pre_factor)
+    if v_early is not None:
+        new_factor = _reverse_exclusive_cumsum(lf_early, 2).exp()
+        parts.append(v_early * new_factor)
+    if not parts:
+        return None, None, None
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)), pre_factor, new_factor
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``bias + a @ b`` over any leading dims, as one 3-D (b)addbmm so the bias is fused into the GEMM.
+
+    a: (..., n, k), b: (..., k, m), bias: (..., n, 1) or None -> (..., n, m).
+    """
+    lead = a.shape[:-2]
+    a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+    if bias is None:
+        out = torch.bmm(a3, b3)
+    else:
+        out = torch.baddbmm(bias.reshape(-1, bias.shape[-2], 1), a3, b3)
+    return out.view(*lead, *out.shape[-2:])
+
+
+def _superblock_forward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, geo: _Geometry,
+                        early_k: torch.Tensor | None,
+                        early_v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output (B, H, R, dv) and row log-sum-exp (B, H, R, 1) of one super-block, softmax accumulated online.
+
+    ``q_s`` is already multiplied by the softmax scale.
+    """
+    b, h, r, dv = geo.shape
+    lq, lk, lv = geo.leaf_view(q_s), geo.leaf_view(k_s), geo.leaf_view(v_s)
+    w = _mm(lq, lk.transpose(-1, -2)).masked_fill_(~geo.causal, float("-inf"))
+    m = w.amax(-1, keepdim=True)
+    w.sub_(m).exp_()
+    u = ((w.unsqueeze(-1) * geo.leaf_decay) * lv.unsqueeze(3)).sum(4).view(b, h, r, dv)
+    z = w.sum(-1).view(b, h, r, 1)
+    m = m.view(b, h, r, 1)
+    for pair, q_decay, k_decay in geo.levels():
+        q_right, _ = pair(q_s)
+        _, k_left = pair(k_s)
+        _, v_left = pair(v_s)
+        u_right, _ = pair(u)
+        z_right, _ = pair(z)
+        m_right, _ = pair(m)
+        w = _mm(q_right, k_left.transpose(-1, -2))
+        m_new = torch.maximum(m_right, w.amax(-1, keepdim=True))
+        w.sub_(m_new).exp_()
+        rescale = (m_right - m_new).exp_()
+        # The pair views alias u, z, m: only the right block of each pair is updated.
+        u_right.mul_(rescale).addcmul_(q_decay, _mm(w, k_decay * v_left))
+        z_right.mul_(rescale).add_(w.sum(-1, keepdim=True))
+        m_right.copy_(m_new)
+    if early_k is not None:
+        w = _mm(q_s, early_k.transpose(-1, -2))
+        m_new = torch.maximum(m, w.amax(-1, keepdim=True))
+        w.sub_(m_new).exp_()
+        rescale = (m - m_new).exp_()
+        u = u * rescale + geo.lam.to(geo.dtype).exp() * _mm(w, early_v)
+        z = z * rescale + w.sum(-1, keepdim=True)
+        m = m_new
+    return u / z, m + z.log()
+
+
+def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, geo: _Geometry,
+                         early_k: torch.Tensor | None, early_v: torch.Tensor | None, g_s: torch.Tensor,
+                         o_s: torch.Tensor, lse_s: torch.Tensor):
+    """Gradients of one super-block: (dq, dk, dv) of its own rows and (d early_k, d early_v) of earlier keys.
+
+    ``q_s`` is already multiplied by the softmax scale; dq comes back without the scale (the caller applies it).
+    """
+    neg_delta = -(g_s * o_s).sum(-1, keepdim=True)                             # -delta_i, (B, H, R, 1)
+    neg_lse = -lse_s
+    dq, dk, dv = torch.zeros_like(q_s), torch.zeros_like(k_s), torch.zeros_like(v_s)
+    lq, lk, lv, lg = geo.leaf_view(q_s), geo.leaf_view(k_s), geo.leaf_view(v_s), geo.leaf_view(g_s)
+    p = _mm(lq, lk.transpose(-1, -2), geo.leaf_view(neg_lse)).masked_fill_(~geo.causal, float("-inf")).exp_()
+    weighted = p.unsqueeze(-1) * geo.leaf_decay                                 # p_ij D_ij: (B, H, n, C, C, dv)
+    ds = (lg.unsqueeze(4) * weighted * lv.unsqueeze(3)).sum(-1)                 # p_ij (g_i . D_ij v_j)
+    ds.addcmul_(p, geo.leaf_view(neg_delta))
+    geo.leaf_view(dq).add_(_mm(ds, lk))
+    geo.leaf_view(dk).add_(_mm(ds.transpose(-1, -2), lq))
+    geo.leaf_view(dv).add_((weighted * lg.unsqueeze(4)).sum(3))
+    for pair, q_decay, k_decay in geo.levels():
+        q_right, _ = pair(q_s)
+        _, k_left = pair(k_s)
+        _, v_left = pair(v_s)
+        g_right, _ = pair(g_s)
+        dq_right, _ = pair(dq)
+        _, dk_left = pair(dk)
+        _, dv_left = pair(dv)
+        p = _mm(q_right, k_left.transpose(-1, -2), pair(neg_lse)[0]).exp_()
+        qg = q_decay * g_right
+        ds = _mm(qg, (k_decay * v_left).transpose(-1, -2), pair(neg_delta)[0]).mul_(p)
+        dq_right.add_(_mm(ds, k_left))
+        dk_left.add_(_mm(ds.transpose(-1, -2), q_right))
+        dv_left.addcmul_(k_decay, _mm(p.transpose(-1, -2), qg))
+    d_early_k = d_early_v = None
+    if early_k is not None:
+        p = _mm(q_s, early_k.transpose(-1, -2), neg_lse).exp_()
+        qg = geo.lam.to(geo.dtype).exp() * g_s
+        ds = _mm(qg, early_v.transpose(-1, -2), neg_delta).mul_(p)
+        dq.add_(_mm(ds, early_k))
+        d_early_k = _mm(ds.transpose(-1, -2), q_s)
+        d_early_v = _mm(p.transpose(-1, -2), qg)
+    return dq, dk, dv, d_early_k, d_early_v
+
+
+class _FixAttention(torch.autograd.Function):
+    """Exact FiX with recomputation in the backward pass (inputs padded to a multiple of ``rows``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, log_f, pre_k, pre_v, scale: float, leaf: int, rows: int):
+        qs = q * scale
+        outputs, lses = [], []
+        for s0 in range(0, q.shape[2], rows):
+            s1 = s0 + rows
+            geo = _Geometry(log_f[:, :, s0:s1], leaf)
+            early_k, early_v = _early_inputs(k, v, log_f, pre_k, pre_v, s0)
+            o, lse = _superblock_forward(qs[:, :, s0:s1], k[:, :, s0:s1], v[:, :, s0:s1], geo, early_k, early_v)
+            outputs.append(o)
+            lses.append(lse)
+        o = torch.cat(outputs, dim=2)
+        ctx.save_for_backward(q, k, v, log_f, pre_k, pre_v, o, torch.cat(lses, dim=2))
+        ctx.scale, ctx.leaf, ctx.rows = scale, leaf, rows
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        q, k, v, log_f, pre_k, pre_v, o, lse = ctx.saved_tensors
+        scale, leaf, rows = ctx.scale, ctx.leaf, ctx.rows
+        g = g.contiguous()
+        qs = q * scale
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        d_pre_k = None if pre_k is None else torch.zeros_like(pre_k)
+        d_pre_v = None if pre_v is None else torch.zeros_like(pre_v)
+        n_pre = 0 if pre_k is None else pre_k.shape[2]
+        for s0 in range(0, q.shape[2], rows):
+            s1 = s0 + rows
+            geo = _Geometry(log_f[:, :, s0:s1], leaf)
+            lf_early = log_f[:, :, :s0] if s0 else None
+            early_vals, pre_factor, new_factor = _early_values(v[:, :, :s0] if s0 else None, lf_early, pre_v)
+            early_k = _early_keys(k, pre_k, s0)
+            grads = _superblock_backward(qs[:, :, s0:s1], k[:, :, s0:s1], v[:, :, s0:s1], geo, early_k, early_vals,
+                                         g[:, :, s0:s1], o[:, :, s0:s1], lse[:, :, s0:s1])
+            dq[:, :, s0:s1] += grads[0]
+            dk[:, :, s0:s1] += grads[1]
+            dv[:, :, s0:s1] += grads[2]
+            if early_k is not None:
+                d_keys, d_vals = grads[3], grads[4]
+                if pre_k is not None:
+                    d_pre_k += d_keys[:, :, :n_pre]
+                    d_pre_v += d_vals[:, :, :n_pre] if pre_factor is None else d_vals[:, :, :n_pre] * pre_factor
+                if s0:
+                    dk[:, :, :s0] += d_keys[:, :, n_pre:]
+                    dv[:, :, :s0] += d_vals[:, :, n_pre:] * new_factor
+        # dLambda_i = g_i o_i - v_i dv_i; log f_t enters every Lambda_i with i >= t.
+        d_lam = (g * o - v * dv).double()
+        d_log_f = d_lam.flip(2).cumsum(2).flip(2).to(log_f.dtype)
+        return dq.mul_(scale), dk, dv, d_log_f, d_pre_k, d_pre_v, None, None, None
+
+
+def _early_keys(k: torch.Tensor, pre_k: torch.Tensor | None, s0: int) -> torch.Tensor | None:
+    parts = ([] if pre_k is None else [pre_k]) + ([k[:, :, :s0]] if s0 else [])
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
+def _early_inputs(k, v, log_f, pre_k, pre_v, s0: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    early_v, _, _ = _early_values(v[:, :, :s0] if s0 else None, log_f[:, :, :s0] if s0 else None, pre_v)
+    return _early_keys(k, pre_k, s0), early_v
+
+
+def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor, *,
+                          prefix_k: torch.Tensor | None = None, prefix_v: torch.Tensor | None = None,
+                          scale: float | None = None, chunk_size: int = 4, return_state: bool = False,
+                          max_block_scores: int = MAX_BLOCK_SCORES,
+                          ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Fine-grained forgetting attention before the output norm (see module docstring).
+
+    Args:
+        q, k: (B, H, T, d) new queries and keys (RoPE already applied).
+        v: (B, H, T, dv) new values.
+        log_f: (B, H, T, dv) per-channel log forget gates (<= 0), or (B, H, T, 1) tied across channels.
+        prefix_k: (B, H, P, d) cached keys before the new tokens, or None.
+        prefix_v: (B, H, P, dv) cached values, each already multiplied by exp(Lambda_{-1} - Lambda_j), i.e. decayed
+            to the position just before the first new token (the decode cache).
+        chunk_size: leaf size C of the dyadic tree (clipped to T); element-wise work grows with C, matmul
+            efficiency with it too (4 was fastest on CPU for T = 1024, d = 64).
+        return_state: also return the updated value cache.
+        max_block_scores: attention scores per (batch, head) held at once; bounds the super-block size.
+    Returns:
+        u: (B, H, T, dv) in q's dtype; with ``return_state`` also the value cache (B, H, P + T, dv) in v's dtype:
+        every value decayed to the last new position, ready to be the next call's ``prefix_v``.
+    """
+    b, h, t, _ = q.shape
+    dv = v.shape[-1]
+    if (prefix_k is None) != (prefix_v is None):
+        raise ValueError("prefix_k and prefix_v must be given together")
+    out_dtype, cache_dtype = q.dtype, v.dtype
+    cdt = _compute_dtype(q.dtype)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if t == 1 and prefix_k is not None:
+        # One decode step: decay the cache by f_t, append v_t, and the output is plain attention over it.
+        state = torch.cat((prefix_v.to(cdt) * log_f.to(cdt).exp(), v.to(cdt)), dim=2)
+        keys = torch.cat((prefix_k.to(cdt), k.to(cdt)), dim=2)
+        u = F.scaled_dot_product_attention(q.to(cdt), keys, state, scale=scale).to(out_dtype)
+        return (u, state.to(cache_dtype)) if return_state else u
+    leaf = max(1, min(chunk_size, t))
+    n_pre = 0 if prefix_k is None else prefix_k.shape[2]
+    rows = _plan(t, n_pre, leaf, max_block_scores)
+    pad = -(-t // rows) * rows - t
+    # Padded positions carry log f = 0, so they change no decay; being last, no real query sees them.
+    qp, kp, vp = (F.pad(x.to(cdt), (0, 0, 0, pad)).contiguous() for x in (q, k, v))
+    lfp = F.pad(log_f.to(cdt).expand(b, h, t, dv), (0, 0, 0, pad)).contiguous()
+    pre_k = None if prefix_k is None else prefix_k.to(cdt).contiguous()
+    pre_v = None if prefix_v is None else prefix_v.to(cdt).contiguous()
+    u = _FixAttention.apply(qp, kp, vp, lfp, pre_k, pre_v, scale, leaf, rows)[:, :, :t].to(out_dtype)
+    if not return_state:
+        return u
+    lf = lfp[:, :, :t]
+    state = vp[:, :, :t] * _reverse_exclusive_cumsum(lf, 2).exp()
+    if pre_v is not None:
+        state = torch.cat((pre_v * lf.sum(2, keepdim=True).exp(), state), dim=2)
+    return u, state.to(cache_dtype)
+
+
+def fox_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor, *,
+                          scale: float | None = None) -> torch.Tensor:
+    """Forgetting attention (FoX) with the queries at the last Tq of Tk positions (Tq = Tk without a cache).
+
+    The decay bias is folded into the dot product: with q~_i = [scale q_i, Lambda_i, 1] and k~_j = [k_j, 1, -Lambda_j],
+    q~_i . k~_j = s_ij + Lambda_i - Lambda_j, so ``scaled_dot_product_attention`` (scale 1, causal) computes FoX exactly
+    with its fused kernel: the max over s + D, O(T) memory, and gradients to Lambda through the extra columns.
+    Values get two zero columns so q, k and v share a head dim (the fused CPU kernel needs that).
+
+    Args:
+        q: (B, H, Tq, d); k: (B, H, Tk, d); v: (B, H, Tk, dv) (cached keys first, RoPE already applied).
+        log_f: (B, H, Tk) log forget gates of every key position, float32 as in the official code.
+    Returns:
+        (B, H, Tq, dv) in q's dtype.
+    """
+    out_dtype, cdt = q.dtype, _compute_dtype(q.dtype)
+    tq, tk, dv = q.shape[2], k.shape[2], v.shape[-1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    lam = log_f.to(cdt).cumsum(-1).unsqueeze(-1)   # one cumulative sum, as in the official kernel
+    ones = torch.ones_like(lam)
+    q_aug = torch.cat((q.to(cdt) * scale, lam[:, :, tk - tq:], ones[:, :, tk - tq:]), dim=-1)
+    k_aug = torch.cat((k.to(cdt), ones, -lam), dim=-1)
+    v_aug = F.pad(v.to(cdt), (0, q_aug.shape[-1] - dv))
+    if tq == tk:
+        out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=True, scale=1.0)
+    else:
+        # is_causal aligns the mask top-left; query i (position tk - tq + i) sees keys j <= tk - tq + i.
+        mask = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
+        out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, attn_mask=mask, scale=1.0)
+    return out[..., :dv].to(out_dtype)

@@ -1,0 +1,287 @@
+"""The public layers: ``FiXAttention``, ``FoXAttention`` and a factory that plugs them (or softmax + RoPE) into TinyLM.
+
+Both follow the project's attention contract (``icml26.models.tiny_lm``): ``forward(x (B, T, D), cache=None)
+-> (B, T, D)``, where ``cache`` is a per-layer dict the layer fills itself.
+
+Shapes: B batch, T time, D ``d_model``, H ``n_heads``, Dh = D / H. Paper symbols: f_t forget gate,
+Lambda_t = sum_{s <= t} log f_s, s_ij = q_i . k_j / sqrt(Dh).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...models.tiny_lm import CausalSelfAttention, TinyLM, TinyLMConfig, apply_rope, precompute_rope
+from .chunked import fix_attention_chunked, fox_attention_chunked
+from .config import FixConfig
+
+
+def _resolve(config: FixConfig | None, attention: str, options: dict[str, Any]) -> FixConfig:
+    """``config`` (or the defaults) with ``options`` overriding fields and ``attention`` forced; validated."""
+    base = asdict(config) if config is not None else {}
+    unknown = set(options) - set(asdict(FixConfig()))
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)}; options are the fields of FixConfig")
+    return FixConfig(**{**base, **options, "attention": attention})
+
+
+class HeadRMSNorm(nn.Module):
+    """RMSNorm of each head's vector with a per-channel gain (H * Dh weights, not shared across heads).
+
+    (B, H, T, Dh) -> (B, H, T, Dh); computed in at least float32. Same as the official FoX
+    ``GroupNorm(is_rms_norm=True)``.
+    """
+
+    def __init__(self, n_heads: int, head_dim: int, eps: float) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim, self.eps = n_heads, head_dim, eps
+        self.weight = nn.Parameter(torch.ones(n_heads * head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        xf = x.to(dtype)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.to(dtype).view(1, self.n_heads, 1, self.head_dim)).to(x.dtype)
+
+
+class _GatedAttention(nn.Module):
+    """Shared parts: fused q/k/v projection, optional RoPE, output projection (TinyLM initialisation)."""
+
+    def __init__(self, d_model: int, n_heads: int, cfg: FixConfig, *, max_seq_len: int, rope_base: float,
+                 out_std: float, layer_idx: int) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.cfg, self.layer_idx = cfg, layer_idx
+        self.d_model, self.n_heads, self.head_dim, self.max_seq_len = d_model, n_heads, d_model // n_heads, max_seq_len
+        self.use_rope = cfg.uses_rope
+        if self.use_rope and self.head_dim % 2:
+            raise ValueError(f"head_dim = d_model / n_heads must be even for RoPE, got {self.head_dim}")
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        nn.init.normal_(self.qkv_proj.weight, std=0.02)
+        nn.init.normal_(self.out_proj.weight, std=out_std)
+        if self.use_rope:
+            cos, sin = precompute_rope(self.head_dim, max_seq_len, cfg.rope_base or rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.ogate_proj = None
+        if cfg.output_gate:
+            self.ogate_proj = nn.Linear(d_model, d_model, bias=False)
+            nn.init.normal_(self.ogate_proj.weight, std=0.02)
+
+    def _qkv(self, x: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, D) -> q, k, v each (B, H, T, Dh), RoPE applied to q and k at positions offset .. offset + T - 1."""
+        b, t, _ = x.shape
+        if self.use_rope and offset + t > self.max_seq_len:
+            raise ValueError(f"Positions up to {offset + t} exceed max_seq_len={self.max_seq_len} (RoPE table).")
+        q, k, v = self.qkv_proj(x).view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = self._qk_transform(q, k)
+        if self.use_rope:
+            q = apply_rope(q, self.rope_cos, self.rope_sin, offset)
+            k = apply_rope(k, self.rope_cos, self.rope_sin, offset)
+        return q, k, v
+
+    def _qk_transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+    def _finish(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, Dh) attention output -> optional sigmoid output gate -> output projection (B, T, D)."""
+        b, _, t, _ = o.shape
+        o = o.transpose(1, 2).reshape(b, t, self.d_model)
+        if self.ogate_proj is not None:
+            o = o * torch.sigmoid(self.ogate_proj(x))
+        return self.out_proj(o)
+
+
+class FoXAttention(_GatedAttention):
+    """Forgetting attention (FoX, Lin et al., ICLR 2025), equations of the official code.
+
+    o_i = sum_j softmax_j(s_ij + Lambda_i - Lambda_j) v_j, with f_t = sigmoid(w_h . x_t + b_h) per head (``full``).
+    Cache keys: "k", "v" (B, H, T, Dh) and "log_f" (B, H, T), one float per head and token, as in the official
+    ``FgateDynamicCache``.
+
+    Args:
+        d_model, n_heads: D and H.
+        config: a :class:`FixConfig` (its ``attention`` field is ignored); keyword ``options`` override its fields.
+        max_seq_len: RoPE table length (only used with ``rope=True``).
+        rope_base: RoPE base when the config leaves it None.
+        out_std: init std of the output projection (TinyLM uses 0.02 / sqrt(2 n_layers)).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, config: FixConfig | None = None, max_seq_len: int = 1024,
+                 rope_base: float = 10000.0, out_std: float = 0.02, layer_idx: int = 0, **options: Any) -> None:
+        cfg = _resolve(config, "fox", options)
+        super().__init__(d_model, n_heads, cfg, max_seq_len=max_seq_len, rope_base=rope_base, out_std=out_std,
+                         layer_idx=layer_idx)
+        h = n_heads
+        if cfg.fgate_type == "full":
+            self.fgate_proj = nn.Linear(d_model, h, bias=True)
+            nn.init.normal_(self.fgate_proj.weight, std=0.02)
+            nn.init.zeros_(self.fgate_proj.bias)
+        elif cfg.fgate_type in ("bias_only", "fixed"):
+            bias = torch.zeros(h)
+            if cfg.decay_time_min is not None:
+                # Official fgate_bias_init: log-spaced decay times tau, with -1 / log sigmoid(b) = tau.
+                tau = torch.exp(torch.linspace(math.log(cfg.decay_time_min), math.log(cfg.decay_time_max), h))
+                bias = -torch.log(torch.expm1(1.0 / tau))
+            if cfg.fgate_type == "bias_only":
+                self.fgate_bias = nn.Parameter(bias)
+            else:
+                self.register_buffer("fgate_bias", bias)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = HeadRMSNorm(h, self.head_dim, cfg.norm_eps)
+            self.k_norm = HeadRMSNorm(h, self.head_dim, cfg.norm_eps)
+        self.output_norm = HeadRMSNorm(h, self.head_dim, cfg.norm_eps) if cfg.fox_output_norm else None
+
+    def _qk_transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The official layer normalises q and k before RoPE.
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k
+
+    def log_forget(self, x: torch.Tensor) -> torch.Tensor:
+        """log f_t per head: (B, T, D) -> (B, H, T), logsigmoid of the logit in at least float32 (as in the code)."""
+        b, t, _ = x.shape
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        if self.cfg.fgate_type == "none":
+            return torch.zeros(b, self.n_heads, t, dtype=dtype, device=x.device)
+        if self.cfg.fgate_type == "full":
+            logit = self.fgate_proj(x)
+        else:
+            logit = self.fgate_bias.expand(b, t, self.n_heads)
+        return F.logsigmoid(logit.to(dtype)).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D); with ``cache`` the T tokens follow the cached ones."""
+        offset = 0 if cache is None or "k" not in cache else cache["k"].shape[2]
+        q, k, v = self._qkv(x, offset)
+        log_f = self.log_forget(x)
+        if cache is not None:
+            if offset:
+                k = torch.cat((cache["k"], k), dim=2)
+                v = torch.cat((cache["v"], v), dim=2)
+                log_f = torch.cat((cache["log_f"], log_f), dim=2)
+            cache["k"], cache["v"], cache["log_f"] = k, v, log_f
+        o = fox_attention_chunked(q, k, v, log_f)
+        if self.output_norm is not None:
+            o = self.output_norm(o)
+        return self._finish(o, x)
+
+
+class FiXAttention(_GatedAttention):
+    """Fine-grained forgetting attention (FiX): per-channel forget gates on the values, then a per-head RMSNorm.
+
+    u_i = sum_j softmax_j(s_ij) exp(Lambda_i - Lambda_j) (.) v_j,   o_i = RMSNorm_eps(u_i)   (per head, gain)
+
+    Gates (``gate_form``): 'mamba' log f_t = -exp(A_log) (.) softplus(W_up W_down x_t + dt_bias); 'sigmoid'
+    log f_t = logsigmoid(W_up W_down x_t + b) / tau; 'none' f = 1, which makes the layer RMSNorm(softmax + RoPE).
+    ``gate_granularity='head'`` ties the gate across a head's channels: with the 'sigmoid' form, rank 0 and tau = 1
+    this is exactly RMSNorm(FoX + RoPE) up to eps.
+
+    Decode cache: "k" (B, H, T, Dh) and "v" (B, H, T, Dh) holding exp(Lambda_last - Lambda_j) v_j, the values
+    already decayed to the latest token. It costs the bytes of a plain KV cache; each new token multiplies it by
+    its gate f_t (O(T Dh) per step, the same order as reading it).
+
+    Args:
+        d_model, n_heads: D and H.
+        config: a :class:`FixConfig` (its ``attention`` field is ignored); keyword ``options`` override its fields.
+        max_seq_len: RoPE table length.
+        rope_base: RoPE base when the config leaves it None.
+        out_std: init std of the output projection (TinyLM uses 0.02 / sqrt(2 n_layers)).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, config: FixConfig | None = None, max_seq_len: int = 1024,
+                 rope_base: float = 10000.0, out_std: float = 0.02, layer_idx: int = 0, **options: Any) -> None:
+        cfg = _resolve(config, "fix", options)
+        super().__init__(d_model, n_heads, cfg, max_seq_len=max_seq_len, rope_base=rope_base, out_std=out_std,
+                         layer_idx=layer_idx)
+        self.n_gates = d_model if cfg.gate_granularity == "channel" else n_heads
+        self.gate_down = self.gate_up = self.gate_proj = None
+        if cfg.gate_form != "none":
+            if cfg.gate_rank > 0:
+                self.gate_down = nn.Linear(d_model, cfg.gate_rank, bias=False)
+                self.gate_up = nn.Linear(cfg.gate_rank, self.n_gates, bias=False)
+                nn.init.normal_(self.gate_down.weight, std=0.02)
+                # Mamba's dt_proj init: uniform with std ~ rank^-1/2, so g starts small next to the bias.
+                bound = cfg.gate_rank ** -0.5
+                nn.init.uniform_(self.gate_up.weight, -bound, bound)
+            else:
+                self.gate_proj = nn.Linear(d_model, self.n_gates, bias=False)
+                nn.init.normal_(self.gate_proj.weight, std=0.02)
+        if cfg.gate_form == "mamba":
+            a_lo, a_hi = cfg.a_init_range
+            dt_lo, dt_hi = cfg.dt_init_range
+            self.A_log = nn.Parameter(torch.empty(self.n_gates).uniform_(a_lo, a_hi).log())
+            dt = torch.exp(torch.empty(self.n_gates).uniform_(math.log(dt_lo), math.log(dt_hi))).clamp_min(1e-4)
+            # Inverse softplus, so softplus(dt_bias) = dt at init (Mamba's dt initialisation).
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        elif cfg.gate_form == "sigmoid":
+            self.gate_bias = nn.Parameter(torch.zeros(self.n_gates))
+        self.output_norm = HeadRMSNorm(n_heads, self.head_dim, cfg.norm_eps)
+
+    def log_forget(self, x: torch.Tensor) -> torch.Tensor:
+        """log f_t: (B, T, D) -> (B, H, T, Dh) per channel, or (B, H, T, 1) tied per head; <= 0, in at least
+        float32 (bfloat16 gates would round the decays the kernel accumulates)."""
+        b, t, _ = x.shape
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        width = self.head_dim if self.cfg.gate_granularity == "channel" else 1
+        if self.cfg.gate_form == "none":
+            return torch.zeros(b, self.n_heads, t, 1, dtype=dtype, device=x.device)
+        g = self.gate_proj(x) if self.gate_proj is not None else self.gate_up(self.gate_down(x))
+        g = g.to(dtype)
+        if self.cfg.gate_form == "mamba":
+            log_f = -torch.exp(self.A_log.to(dtype)) * F.softplus(g + self.dt_bias.to(dtype))
+        else:
+            log_f = F.logsigmoid(g + self.gate_bias.to(dtype)) / self.cfg.gate_temperature
+        return log_f.view(b, t, self.n_heads, width).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D); with ``cache`` the T tokens follow the cached ones."""
+        offset = 0 if cache is None or "k" not in cache else cache["k"].shape[2]
+        q, k, v = self._qkv(x, offset)
+        log_f = self.log_forget(x)
+        chunk = self.cfg.chunk_size
+        if cache is None:
+            u = fix_attention_chunked(q, k, v, log_f, chunk_size=chunk)
+        else:
+            prefix_k, prefix_v = (cache["k"], cache["v"]) if offset else (None, None)
+            u, state = fix_attention_chunked(q, k, v, log_f, prefix_k=prefix_k, prefix_v=prefix_v, chunk_size=chunk,
+                                             return_state=True)
+            cache["k"] = k if prefix_k is None else torch.cat((prefix_k, k), dim=2)
+            cache["v"] = state
+        return self._finish(self.output_norm(u), x)
+
+
+def attention_factory(config: FixConfig | None = None, **options: Any) -> Callable[[TinyLMConfig, int], nn.Module]:
+    """An ``attention_factory(tiny_config, layer_idx)`` for :class:`~icml26.models.tiny_lm.TinyLM`.
+
+    ``attention='softmax'`` gives TinyLM's own :class:`CausalSelfAttention` (softmax + RoPE, the baseline);
+    'fox' and 'fix' give the layers above, sized and initialised like it.
+    """
+    base = asdict(config) if config is not None else {}
+    cfg = FixConfig(**{**base, **options})
+    if cfg.attention == "softmax" and cfg.rope is False:
+        raise ValueError("rope=False is not offered for attention='softmax' (the baseline is softmax + RoPE)")
+
+    def build(tiny: TinyLMConfig, layer_idx: int) -> nn.Module:
+        if cfg.attention == "softmax":
+            return CausalSelfAttention(tiny, layer_idx)
+        cls = FoXAttention if cfg.attention == "fox" else FiXAttention
+        return cls(tiny.d_model, tiny.n_heads, config=cfg, max_seq_len=tiny.max_seq_len, rope_base=tiny.rope_base,
+                   out_std=0.02 / math.sqrt(2 * tiny.n_layers), layer_idx=layer_idx)
+
+    return build
+
+
+def build_tiny_lm(tiny: TinyLMConfig, config: FixConfig | None = None, **options: Any) -> TinyLM:
+    """A :class:`TinyLM` whose attention is chosen by ``config.attention`` ('softmax', 'fox' or 'fix')."""
+    return TinyLM(tiny, attention_factory=attention_factory(config, **options))

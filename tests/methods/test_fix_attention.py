@@ -1,0 +1,295 @@
+"""FiX / FoX: fast paths == O(T^2) reference (outputs and gradients), decode == full forward, the reductions
+(tied gates -> RMSNorm(FoX), gates at 1 -> RMSNorm(softmax), FoX without gate -> softmax), causality, overflow
+safety with strong gates up to T = 16384, and config validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from icml26.core.testing import assert_close, tiny_tensor, tiny_tokens
+from icml26.methods.fix_attention import (FiXAttention, FixConfig, FoXAttention, attention_factory, build_tiny_lm,
+                                          fix_attention_chunked, fox_attention_chunked)
+from icml26.methods.fix_attention.reference import (fix_attention_reference, fox_attention_reference,
+                                                    head_rms_norm, softmax_attention_reference)
+from icml26.models.tiny_lm import CausalSelfAttention, TinyLM, TinyLMConfig
+
+TINY = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_seq_len=96)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: these ops are small, and on a shared 2-core machine two threads mostly wait on each
+    other (10x slower under load)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _qkv(b: int, h: int, t: int, d: int, *, seed: int = 0, dtype=torch.float64, grad: bool = False):
+    return [tiny_tensor(b, h, t, d, seed=seed + i, dtype=dtype, requires_grad=grad) for i in range(3)]
+
+
+def _log_gates(shape, *, seed: int = 9, strength: float = 1.0, dtype=torch.float64, grad: bool = False):
+    """log f <= 0 spanning weak and strong forgetting: logsigmoid of N(1, 3^2) logits, times ``strength``."""
+    logits = tiny_tensor(*shape, seed=seed, dtype=torch.float64) * 3.0 + 1.0
+    out = (F.logsigmoid(logits) * strength).to(dtype)
+    return out.requires_grad_(grad)
+
+
+def _grads(out: torch.Tensor, inputs, seed: int = 7):
+    probe = tiny_tensor(*out.shape, seed=seed, dtype=out.dtype)
+    return torch.autograd.grad(out, inputs, probe)
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+@pytest.mark.parametrize("t,chunk,budget", [(63, 4, 1 << 20), (63, 7, 300), (63, 1, 1 << 20), (500, 4, 20_000),
+                                            (500, 16, 1 << 20)])
+@pytest.mark.parametrize("tied", [False, True], ids=["per_channel", "tied"])
+def test_fix_chunked_equals_reference_outputs_and_gradients(t, chunk, budget, tied):
+    b, h, d = (1, 2, 8) if t == 500 else (2, 3, 8)
+    q, k, v = _qkv(b, h, t, d, grad=True)
+    log_f = _log_gates((b, h, t, 1 if tied else d), grad=True)
+    ref = fix_attention_reference(q, k, v, log_f)
+    out = fix_attention_chunked(q, k, v, log_f, chunk_size=chunk, max_block_scores=budget)
+    assert_close("u", ref, out, 1e-12)
+    for name, g_ref, g_out in zip(("dq", "dk", "dv", "dlog_f"), _grads(ref, (q, k, v, log_f)),
+                                  _grads(out, (q, k, v, log_f))):
+        assert_close(name, g_ref, g_out, 1e-10)
+
+
+def test_fix_chunked_float32_matches_float64_reference_with_strong_gates():
+    q, k, v = _qkv(2, 2, 257, 16, seed=3)
+    log_f = _log_gates((2, 2, 257, 16), strength=4.0)
+    ref = fix_attention_reference(q, k, v, log_f)
+    out = fix_attention_chunked(q.float(), k.float(), v.float(), log_f.float())
+    assert out.dtype == torch.float32
+    assert_close("u float32", ref, out, 2e-6)
+
+
+def test_fix_gradcheck_with_decode_prefix():
+    q, k, v = _qkv(1, 1, 7, 2, grad=True)
+    log_f = _log_gates((1, 1, 7, 2), grad=True)
+    prefix_k, prefix_v = (tiny_tensor(1, 1, 3, 2, seed=s, dtype=torch.float64, requires_grad=True) for s in (20, 21))
+    # Leaves of 2 and super-blocks of 2 rows: leaves, one tree level, earlier keys and the prefix all take part.
+    fn = lambda *a: fix_attention_chunked(*a[:4], prefix_k=a[4], prefix_v=a[5], chunk_size=2,  # noqa: E731
+                                          max_block_scores=20)
+    assert torch.autograd.gradcheck(fn, (q, k, v, log_f, prefix_k, prefix_v))
+
+
+def test_fix_prefill_then_decode_equals_one_pass():
+    q, k, v = _qkv(2, 2, 40, 8)
+    log_f = _log_gates((2, 2, 40, 8), strength=2.0)
+    full, full_state = fix_attention_chunked(q, k, v, log_f, return_state=True)
+    out, state = fix_attention_chunked(q[:, :, :17], k[:, :, :17], v[:, :, :17], log_f[:, :, :17], return_state=True)
+    outs = [out]
+    for s, e in [(17, 18), (18, 25), (25, 26), (26, 40)]:
+        out, state = fix_attention_chunked(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], log_f[:, :, s:e],
+                                           prefix_k=k[:, :, :s], prefix_v=state, return_state=True)
+        outs.append(out)
+    assert_close("prefill + decode", full, torch.cat(outs, dim=2), 1e-12)
+    # The value cache holds exp(Lambda_last - Lambda_j) v_j, the same count of numbers as a plain V cache.
+    lam = log_f.cumsum(2)
+    assert_close("pre-decayed values", (lam[:, :, -1:] - lam).exp() * v, state, 1e-12)
+    assert_close("state", full_state, state, 1e-12)
+
+
+def test_naive_factorised_form_overflows_where_the_kernel_does_not():
+    """exp(Lambda_i) (.) Attn(q, K, exp(-Lambda) (.) V) is the textbook rewrite; it overflows in float32."""
+    q, k, v = _qkv(1, 1, 512, 8, seed=5, dtype=torch.float32)
+    log_f = _log_gates((1, 1, 512, 8), strength=2.0, dtype=torch.float32)
+    lam = log_f.cumsum(2)
+    naive = lam.exp() * softmax_attention_reference(q, k, (-lam).exp() * v)
+    assert not torch.isfinite(naive).all()
+    out = fix_attention_chunked(q, k, v, log_f)
+    assert_close("u", fix_attention_reference(q.double(), k.double(), v.double(), log_f.double()), out, 2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fix_strong_gates_long_sequence_stays_finite_and_exact(dtype):
+    """log f down to -60 per token over T = 16384, half the channels never forgetting (long-range terms)."""
+    t, d = 16384, 8
+    q, k, v = (x.to(dtype) for x in _qkv(1, 1, t, d, seed=5, dtype=torch.float32))
+    log_f = _log_gates((1, 1, t, d), strength=20.0, dtype=torch.float32)
+    log_f[..., : d // 2] = 0.0
+    with torch.no_grad():
+        out = fix_attention_chunked(q, k, v, log_f, max_block_scores=1 << 22)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    rows = torch.tensor([0, 1, 777, 8191, 12000, t - 1])
+    ref = fix_attention_reference(q.double(), k.double(), v.double(), log_f.double(), rows=rows)
+    assert_close(f"u rows {dtype}", ref, out[:, :, rows], 1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_fox_kernel_equals_reference_with_cache_offset():
+    q, k, v = _qkv(2, 3, 63, 8, grad=True)
+    log_f = _log_gates((2, 3, 63), grad=True)
+    ref = fox_attention_reference(q, k, v, log_f)
+    out = fox_attention_chunked(q, k, v, log_f)
+    assert_close("fox", ref, out, 1e-12)
+    for name, g_ref, g_out in zip(("dq", "dk", "dv", "dlog_f"), _grads(ref, (q, k, v, log_f)),
+                                  _grads(out, (q, k, v, log_f))):
+        assert_close(name, g_ref, g_out, 1e-10)
+    assert_close("fox last 5 queries", ref[:, :, -5:], fox_attention_chunked(q[:, :, -5:], k, v, log_f), 1e-12)
+
+
+def test_fix_with_channel_tied_gates_is_rmsnorm_of_fox():
+    q, k, v = _qkv(2, 2, 63, 8)
+    log_f = _log_gates((2, 2, 63))
+    eps = 1e-30     # RMSNorm(c u) = RMSNorm(u) for c > 0 holds up to eps / mean(u^2)
+    fix = head_rms_norm(fix_attention_chunked(q, k, v, log_f.unsqueeze(-1)), None, eps)
+    fox = head_rms_norm(fox_attention_reference(q, k, v, log_f), None, eps)
+    assert_close("RMSNorm(FoX)", fox, fix, 1e-10)
+
+
+def test_fix_with_gates_at_one_is_rmsnorm_of_softmax_attention():
+    q, k, v = _qkv(2, 2, 63, 8)
+    zero = torch.zeros(2, 2, 63, 8, dtype=torch.float64)
+    assert_close("softmax", F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                 fix_attention_chunked(q, k, v, zero), 1e-12)
+    assert_close("softmax (reference)", softmax_attention_reference(q, k, v), fix_attention_reference(q, k, v, zero),
+                 1e-12)
+
+
+# ----------------------------------------------------------------------------------------------------- layers
+def _copy_qkv_out(src, dst) -> None:
+    dst.qkv_proj.weight.data.copy_(src.qkv_proj.weight.data)
+    dst.out_proj.weight.data.copy_(src.out_proj.weight.data)
+
+
+def test_layer_with_tied_sigmoid_gates_equals_fox_with_rope_and_output_norm():
+    torch.manual_seed(0)
+    kw = dict(max_seq_len=64, norm_eps=1e-30, rope=True)   # RMSNorm(c u) = RMSNorm(u) up to eps / mean(u^2)
+    fox = FoXAttention(32, 4, fox_output_norm=True, **kw).double()
+    fix = FiXAttention(32, 4, gate_form="sigmoid", gate_granularity="head", gate_rank=0, gate_temperature=1.0,
+                       **kw).double()
+    _copy_qkv_out(fox, fix)
+    fix.gate_proj.weight.data.copy_(fox.fgate_proj.weight.data)
+    fix.gate_bias.data.copy_(tiny_tensor(4, seed=3, dtype=torch.float64))
+    fox.fgate_proj.bias.data.copy_(fix.gate_bias.data)
+    x = tiny_tensor(2, 50, 32, seed=1, dtype=torch.float64)
+    assert_close("FiX(tied) == RMSNorm(FoX)", fox(x), fix(x), 1e-10)
+
+
+def test_layer_with_gates_at_one_equals_rmsnorm_of_softmax_rope():
+    torch.manual_seed(0)
+    tiny = TinyLMConfig(**TINY)
+    softmax = CausalSelfAttention(tiny, 0).double()
+    fix = FiXAttention(32, 4, gate_form="none", max_seq_len=96, norm_eps=1e-6).double()
+    _copy_qkv_out(softmax, fix)
+    x = tiny_tensor(2, 40, 32, seed=2, dtype=torch.float64)
+    # Run softmax attention without its output projection, normalise per head, then project.
+    hook = {}
+    softmax.out_proj.register_forward_hook(lambda m, inp, out: hook.update(y=inp[0]))
+    softmax(x)
+    y = hook["y"].view(2, 40, 4, 8).transpose(1, 2)
+    expected = softmax.out_proj(head_rms_norm(y, None, 1e-6).transpose(1, 2).reshape(2, 40, 32))
+    assert_close("FiX(f=1) == RMSNorm(softmax)", expected, fix(x), 1e-10)
+
+
+def test_fox_without_forget_gate_is_softmax_attention():
+    torch.manual_seed(0)
+    tiny = TinyLMConfig(**TINY)
+    softmax = CausalSelfAttention(tiny, 0).double()
+    fox = FoXAttention(32, 4, fgate_type="none", rope=True, max_seq_len=96).double()
+    _copy_qkv_out(softmax, fox)
+    x = tiny_tensor(2, 40, 32, seed=2, dtype=torch.float64)
+    assert_close("FoX(f=1) == softmax", softmax(x), fox(x), 1e-12)
+
+
+def _lm(attention: str, **options) -> TinyLM:
+    torch.manual_seed(0)
+    return build_tiny_lm(TinyLMConfig(**TINY), attention=attention, **options).double().eval()
+
+
+@pytest.mark.parametrize("attention", ["fix", "fox"])
+def test_decode_token_by_token_equals_full_forward(attention):
+    model = _lm(attention, gate_form="sigmoid", gate_temperature=0.5) if attention == "fix" else _lm(attention)
+    idx = tiny_tokens(2, 45, 64, seed=4)
+    full, _ = model(idx)
+    cache = model.new_cache()
+    chunks = [(0, 9)] + [(i, i + 1) for i in range(9, 30)] + [(30, 37)] + [(i, i + 1) for i in range(37, 45)]
+    for s, e in chunks:
+        step, _ = model(idx[:, s:e], cache=cache)
+        assert_close(f"{attention} decode [{s}:{e}]", full[:, s:e], step, 1e-10)
+    softmax_model = _lm("softmax")
+    softmax_cache = softmax_model.new_cache()
+    softmax_model(idx, cache=softmax_cache)
+    plain = sum(t.numel() * t.element_size() for t in softmax_cache[0].values())
+    kv = sum(cache[0][key].numel() * cache[0][key].element_size() for key in ("k", "v"))
+    assert kv == plain, "FiX/FoX keys and values cost exactly what a plain KV cache costs"
+    extra = set(cache[0]) - {"k", "v"}
+    assert extra == (set() if attention == "fix" else {"log_f"})   # FoX: one float per head and token
+    assert torch.equal(model.generate(idx[:, :5], 8, temperature=0),
+                       model.generate(idx[:, :5], 8, temperature=0, use_cache=False))
+
+
+@pytest.mark.parametrize("attention", ["fix", "fox"])
+def test_future_tokens_never_change_past_outputs(attention):
+    model = _lm(attention)
+    idx = tiny_tokens(2, 40, 64, seed=5)
+    logits, _ = model(idx)
+    for t in (0, 13, 38):
+        changed = idx.clone()
+        changed[:, t + 1:] = (changed[:, t + 1:] + 11) % 64
+        logits2, _ = model(changed)
+        assert torch.equal(logits2[:, : t + 1], logits[:, : t + 1])
+        assert not torch.allclose(logits2[:, t + 1:], logits[:, t + 1:])
+
+
+def test_gate_initialisation():
+    torch.manual_seed(0)
+    fix = FiXAttention(64, 4, max_seq_len=32)
+    x = F.rms_norm(torch.randn(2, 16, 64), (64,))
+    f = fix.log_forget(x).exp()
+    assert f.shape == (2, 4, 16, 16)
+    # Mamba-style spectrum: A in [1, 16] and softplus(dt_bias) in [1e-3, 1e-1] give f in [exp(-1.6), exp(-1e-3)] at
+    # g = 0; the small data-dependent g widens that a little.
+    assert 0.1 < f.min() and f.max() < 1.0 and f.median() > 0.85
+    sig = FiXAttention(64, 4, max_seq_len=32, gate_form="sigmoid").log_forget(x).exp()
+    assert torch.allclose(sig, torch.full_like(sig, 0.5 ** (1 / 16)), atol=1e-2)   # logsigmoid(~0) / 16
+    fox = FoXAttention(64, 4, fgate_type="bias_only", decay_time_min=2.0, decay_time_max=64.0)
+    log_f = fox.log_forget(x)[0, :, 0]
+    assert_close("-1/tau", -1.0 / torch.exp(torch.linspace(math.log(2.0), math.log(64.0), 4)), log_f, 1e-6)
+    assert isinstance(fox.fgate_bias, torch.nn.Parameter)
+
+
+def test_bfloat16_layer_runs_and_matches_float32():
+    torch.manual_seed(0)
+    layer = FiXAttention(32, 4, max_seq_len=64)
+    x = tiny_tensor(2, 33, 32, seed=3)
+    ref = layer(x)
+    out = layer.to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+    assert_close("bf16", ref, out, 3e-2)
+
+
+def test_attention_factory_builds_each_kind_and_rejects_bad_options():
+    tiny = TinyLMConfig(**TINY)
+    kinds = {"softmax": CausalSelfAttention, "fox": FoXAttention, "fix": FiXAttention}
+    for name, cls in kinds.items():
+        assert isinstance(attention_factory(attention=name)(tiny, 1), cls)
+    with pytest.raises(ValueError, match="rope"):
+        attention_factory(attention="softmax", rope=False)
+    with pytest.raises(TypeError, match="gate_rnk"):
+        FiXAttention(32, 4, gate_rnk=3)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("attention", "linear"), ("gate_form", "exp"), ("gate_granularity", "row"), ("gate_rank", -1),
+    ("gate_rank", 2.5), ("gate_temperature", 0.0), ("norm_eps", 0.0), ("norm_eps", 2.0), ("chunk_size", 0),
+    ("a_init_range", (16.0, 1.0)), ("dt_init_range", (0.0, 0.1)), ("fgate_type", "maybe"), ("rope", "yes"),
+    ("rope_base", -1.0), ("output_gate", 1), ("decay_time_min", 2.0),
+])
+def test_bad_config_values_raise_value_error_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field.split("_range")[0]):
+        FixConfig(**{field: value})
+
+
+def test_fixed_fox_gate_needs_decay_times():
+    with pytest.raises(ValueError, match="decay_time_min"):
+        FixConfig(attention="fox", fgate_type="fixed")
+    FixConfig(attention="fox", fgate_type="fixed", decay_time_min=1.0, decay_time_max=100.0)
