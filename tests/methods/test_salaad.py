@@ -176,7 +176,7 @@ def test_batched_hook_equals_per_block_reference_through_training():
 
 
 def test_penalty_value_gradient_and_uncoupled_switch():
-    model, (x, y) = _net(), _xy()
+    model = _net()
     hook = SALAAD(model, {r".*\.weight": _cfg()}, dtype=torch.float64)
     for _ in range(3):
         hook.admm_update()

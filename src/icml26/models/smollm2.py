@@ -127,3 +127,43 @@ def load_smollm2(dtype: torch.dtype = torch.float32, cache: str | os.PathLike | 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
     return model.eval(), tokenizer
+
+
+class GenrePrompts:
+    """Comedy-vs-tragedy prompt classification of Shakespeare passages, for SmolLM2 fine-tuning claims.
+
+    The loss follows MeZO's ``train_as_classification``: cross-entropy over the logits of the two label words
+    (" comedy", " tragedy") at the last prompt token. Prompts are left-padded so that token sits at position -1
+    for every row and only that row of the 49k-way LM head is computed (``logits_to_keep=1``); position ids count
+    real tokens only, as if each prompt were unpadded. Batches are ``(ids (B, T), mask (B, T), labels (B,))``.
+    """
+
+    LABEL_WORDS = (" comedy", " tragedy")
+
+    def __init__(self, tokenizer, *, n_train: int, n_val: int, n_chars: int, seed: int):
+        from ..data.text import genre_passages
+
+        self.tok = tokenizer
+        self.tok.padding_side = "left"
+        self.label_ids = torch.tensor([tokenizer.encode(w, add_special_tokens=False)[0] for w in self.LABEL_WORDS])
+        self.train = genre_passages("train", n_train, n_chars=n_chars, seed=seed)
+        # One fixed validation set for every seed and arm.
+        self.val = self.encode(genre_passages("val", n_val, n_chars=n_chars, seed=999))
+
+    def encode(self, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        prompts = [f"Passage from a Shakespeare play:\n{text}\nIs the play a comedy or a tragedy? Answer:"
+                   for text, _ in pairs]
+        enc = self.tok(prompts, return_tensors="pt", padding=True)
+        labels = torch.tensor([self.LABEL_WORDS.index(f" {genre}") for _, genre in pairs])
+        return enc["input_ids"], enc["attention_mask"], labels
+
+    def sample(self, batch_size: int, generator: torch.Generator):
+        idx = torch.randint(0, len(self.train), (batch_size,), generator=generator)
+        return self.encode([self.train[i] for i in idx.tolist()])
+
+    def label_logits(self, model: torch.nn.Module, batch) -> torch.Tensor:
+        """Logits of the label words at each prompt's last token, shape (B, 2)."""
+        ids, mask, _ = batch
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
+        return out.logits[:, -1, self.label_ids]

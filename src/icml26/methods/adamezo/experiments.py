@@ -152,45 +152,27 @@ def smollm2_genre_task(config: Mapping[str, Any], seed: int) -> Task:
     (r=8, alpha=16 on q_proj and v_proj, MeZO's --lora setting); ``"all"`` optimises every weight.
     """
     from ...core.assets import require
-    from ...data.text import genre_passages
-    from ...models.smollm2 import load_smollm2
+    from ...models.smollm2 import GenrePrompts, load_smollm2
 
     model, tok = load_smollm2()
-    tok.padding_side = "left"
     seed_everything(seed)
     if config["zo_target"] == "lora":
         peft = require("peft", "pip install 'icml26[llm]'", purpose="LoRA weights for zeroth-order fine-tuning")
         model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
                                                            target_modules=["q_proj", "v_proj"]))
-    label_ids = torch.tensor([tok.encode(" comedy", add_special_tokens=False)[0],
-                              tok.encode(" tragedy", add_special_tokens=False)[0]])
-
-    def encode(pairs):
-        prompts = [f"Passage from a Shakespeare play:\n{text}\nIs the play a comedy or a tragedy? Answer:"
-                   for text, _ in pairs]
-        enc = tok(prompts, return_tensors="pt", padding=True)
-        labels = torch.tensor([0 if genre == "comedy" else 1 for _, genre in pairs])
-        return enc["input_ids"], enc["attention_mask"], labels
-
-    train = genre_passages("train", config["n_train"], n_chars=config["n_chars"], seed=seed)
-    val = encode(genre_passages("val", config["n_val"], n_chars=config["n_chars"], seed=999))
+    prompts = GenrePrompts(tok, n_train=config["n_train"], n_val=config["n_val"], n_chars=config["n_chars"],
+                           seed=seed)
     batch_gen = torch.Generator().manual_seed(seed + 1)
 
     def batch(step: int):
-        idx = torch.randint(0, len(train), (config["batch_size"],), generator=batch_gen)
-        return encode([train[i] for i in idx.tolist()])
+        return prompts.sample(config["batch_size"], batch_gen)
 
     def loss(m: nn.Module, b) -> torch.Tensor:
-        ids, mask, labels = b
-        # Left padding puts every prompt's last token at position -1, so only that row of the 49k-way LM head
-        # is computed (logits_to_keep=1); positions count real tokens only, as if each prompt were unpadded.
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        logits = m(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1).logits[:, -1]
-        return nn.functional.cross_entropy(logits[:, label_ids], labels)
+        return nn.functional.cross_entropy(prompts.label_logits(m, b), b[2])
 
     def val_loss(m: nn.Module) -> float:
         with torch.no_grad():
-            return loss(m, val).item()
+            return loss(m, prompts.val).item()
 
     return Task(model, batch, loss, val_loss)
 

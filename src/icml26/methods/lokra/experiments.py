@@ -226,50 +226,32 @@ def _smollm2_base():
     """SmolLM2 loaded once per process (seconds from disk); every arm adapts its own deep copy."""
     from ...models.smollm2 import load_smollm2
 
-    model, tok = load_smollm2()
-    tok.padding_side = "left"
-    return model, tok
+    return load_smollm2()
 
 
 def smollm2_genre_task(config: Mapping[str, Any], seed: int, arm: str) -> Task:
     """Prompt classification with SmolLM2-135M-Instruct: cross-entropy over the two label words' logits at the last
     prompt token (MeZO's ``train_as_classification``); adapters on q_proj and v_proj."""
-    from ...data.text import genre_passages
+    from ...models.smollm2 import GenrePrompts
 
     model, tok = _smollm2_base()
     model = copy.deepcopy(model)
     _inject(model, arm, config, seed)
-    label_ids = torch.tensor([tok.encode(" comedy", add_special_tokens=False)[0],
-                              tok.encode(" tragedy", add_special_tokens=False)[0]])
-
-    def encode(pairs):
-        prompts = [f"Passage from a Shakespeare play:\n{text}\nIs the play a comedy or a tragedy? Answer:"
-                   for text, _ in pairs]
-        enc = tok(prompts, return_tensors="pt", padding=True)
-        return enc["input_ids"], enc["attention_mask"], torch.tensor([int(g == "tragedy") for _, g in pairs])
-
-    train = genre_passages("train", config["n_train"], n_chars=config["n_chars"], seed=seed)
-    val = encode(genre_passages("val", config["n_val"], n_chars=config["n_chars"], seed=999))
+    prompts = GenrePrompts(tok, n_train=config["n_train"], n_val=config["n_val"], n_chars=config["n_chars"],
+                           seed=seed)
     batch_gen = torch.Generator().manual_seed(seed + 1)
 
     def batch(step: int):
-        idx = torch.randint(0, len(train), (config["batch_size"],), generator=batch_gen)
-        return encode([train[i] for i in idx.tolist()])
-
-    def logits2(m: nn.Module, b) -> torch.Tensor:
-        ids, mask, _ = b
-        # Left padding puts every prompt's last token at -1; positions count real tokens only.
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        return m(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1).logits[:, -1, label_ids]
+        return prompts.sample(config["batch_size"], batch_gen)
 
     def loss(m: nn.Module, b) -> torch.Tensor:
-        return F.cross_entropy(logits2(m, b), b[2])
+        return F.cross_entropy(prompts.label_logits(m, b), b[2])
 
     def evaluate(m: nn.Module) -> dict[str, float]:
         with torch.no_grad():
-            logits = logits2(m, val)
-        return {"val_loss": float(F.cross_entropy(logits, val[2])),
-                "val_acc": float((logits.argmax(-1) == val[2]).float().mean())}
+            logits = prompts.label_logits(m, prompts.val)
+        return {"val_loss": float(F.cross_entropy(logits, prompts.val[2])),
+                "val_acc": float((logits.argmax(-1) == prompts.val[2]).float().mean())}
 
     return Task(model, batch, loss, evaluate)
 
