@@ -46,11 +46,11 @@ def _verdict(result: dict) -> str:
 
 
 def markdown_table(results: list[dict]) -> str:
-    lines = ["| room | claim (paper) | our measurement | baseline | tier | verdict |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| room | spec | claim (paper) | our measurement | baseline | tier | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         claim = f"{r['claim']} ({r['paper_ref']})".replace("|", "/")
-        lines.append(f"| {r['room']} | {claim} | {_measurement(r)} | {_baseline(r)} | {r['tier']} | "
+        lines.append(f"| {r['room']} | {r['spec']} | {claim} | {_measurement(r)} | {_baseline(r)} | {r['tier']} | "
                      f"**{_verdict(r)}** |")
     return "\n".join(lines) + "\n"
 
@@ -68,7 +68,7 @@ def html_page(results: list[dict]) -> str:
     for r in results:
         verdict = _verdict(r)
         anchor = f"{r['room']}-{r['spec']}"
-        rows.append(f"<tr><td>{html.escape(r['room'])}</td><td><a href='#{anchor}'>{html.escape(r['claim'])}</a>"
+        rows.append(f"<tr><td>{html.escape(r['room'])}<br><small>{html.escape(r['spec'])}</small></td><td><a href='#{anchor}'>{html.escape(r['claim'])}</a>"
                     f"<br><small>{html.escape(r['paper_ref'])}</small></td><td>{html.escape(_measurement(r))}</td>"
                     f"<td>{html.escape(_baseline(r))}</td><td>{r['tier']}</td>"
                     f"<td class='{verdict}'>{verdict}</td></tr>")
