@@ -15,6 +15,10 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[Any], None], mode: s
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp creates the file 0600; give the result the permissions a plain open() would (0666 minus umask).
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         with os.fdopen(fd, mode) as handle:
             write(handle)
