@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
@@ -82,17 +80,14 @@ def main() -> None:
         return
 
     from icml26.core.io import atomic_write_json
+    from icml26.core.memory import run_isolated
 
     rows = []
     for model_name in args.models:
         for arm in ARMS:
             print(f"benchmarking {model_name} / {arm} ...", file=sys.stderr, flush=True)
-            out = subprocess.run([sys.executable, __file__, "--worker", model_name, arm, "--steps", str(args.steps),
-                                  "--window", str(args.window)], capture_output=True, text=True,
-                                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
-            if out.returncode != 0:
-                raise SystemExit(f"{model_name}/{arm} failed:\n{out.stderr[-3000:]}")
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rows.append(run_isolated(__file__, "--worker", model_name, arm, "--steps", str(args.steps),
+                                     "--window", str(args.window)))
     for row in rows:
         ref = next(r for r in rows if r["model"] == row["model"] and r["arm"] == "mezo")
         row["step_time_ratio_to_mezo"] = row["step_s_median"] / ref["step_s_median"]

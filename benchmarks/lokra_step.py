@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
@@ -115,16 +113,13 @@ def main() -> None:
         raise SystemExit("--arms must include lora, the reference every ratio is taken against")
 
     from icml26.core.io import atomic_write_json
+    from icml26.core.memory import run_isolated
 
     rows = []
     for model_name in args.models:
         for arm in args.arms:
             print(f"benchmarking {model_name} / {arm} ...", file=sys.stderr, flush=True)
-            out = subprocess.run([sys.executable, __file__, "--worker", model_name, arm, "--steps", str(args.steps)],
-                                 capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-            if out.returncode != 0:
-                raise SystemExit(f"{model_name}/{arm} failed:\n{out.stderr[-3000:]}")
-            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rows.append(run_isolated(__file__, "--worker", model_name, arm, "--steps", str(args.steps)))
     for row in rows:
         ref = next(r for r in rows if r["model"] == row["model"] and r["arm"] == "lora")
         row["step_time_ratio_to_lora"] = row["step_s_median"] / ref["step_s_median"]

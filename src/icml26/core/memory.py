@@ -70,3 +70,20 @@ def optimizer_state_bytes(optimizer) -> int:
         return 0
 
     return sum(size(v) for v in optimizer.state.values())
+
+
+def run_isolated(script: str, *args: str) -> dict:
+    """Run ``python script *args`` in a fresh process and parse the JSON object on its last stdout line.
+
+    Benchmarks measure each arm this way so that ``ru_maxrss`` is that arm's own peak. HF_HUB_OFFLINE is set;
+    a failing worker raises SystemExit with the tail of its stderr.
+    """
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
