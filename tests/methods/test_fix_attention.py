@@ -109,6 +109,21 @@ def test_naive_factorised_form_overflows_where_the_kernel_does_not():
     assert_close("u", fix_attention_reference(q.double(), k.double(), v.double(), log_f.double()), out, 2e-6)
 
 
+def test_fix_float32_keeps_precision_when_strong_gates_precede_weak_ones():
+    """Strong forgetting early makes |Lambda| large; later weak gates give decays that are small differences of two
+    large prefix sums. Those must not lose float32 digits: the kernel builds them from local sums."""
+    t, d = 1024, 8
+    q, k, v = _qkv(1, 2, t, d, seed=11)
+    log_f = torch.full((1, 2, t, d), -1e-3, dtype=torch.float64)
+    log_f[:, :, :300] = -30.0
+    ref = fix_attention_reference(q, k, v, log_f)
+    out = fix_attention_chunked(q.float(), k.float(), v.float(), log_f.float())
+    assert_close("u float32", ref, out, 2e-6)
+    # The textbook float32 form (differences of float32 prefix sums) is measurably worse: the test can tell.
+    naive = fix_attention_reference(q.float(), k.float(), v.float(), log_f.float())
+    assert (naive.double() - ref).pow(2).mean().sqrt() > 10 * (out.double() - ref).pow(2).mean().sqrt()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fix_strong_gates_long_sequence_stays_finite_and_exact(dtype):
     """log f down to -60 per token over T = 16384, half the channels never forgetting (long-range terms)."""
@@ -293,3 +308,36 @@ def test_fixed_fox_gate_needs_decay_times():
     with pytest.raises(ValueError, match="decay_time_min"):
         FixConfig(attention="fox", fgate_type="fixed")
     FixConfig(attention="fox", fgate_type="fixed", decay_time_min=1.0, decay_time_max=100.0)
+
+
+# ---------------------------------------------------------------------------------------------------- experiments
+def test_context_penalty_scores_the_same_byte_with_full_and_truncated_prefix():
+    from icml26.methods.fix_attention.experiments import context_penalty
+
+    torch.manual_seed(0)
+    model = build_tiny_lm(TinyLMConfig(**{**TINY, "max_seq_len": 40}), attention="softmax").eval()
+    x = tiny_tokens(2, 40, vocab=64, seed=3)
+    y = tiny_tokens(2, 40, vocab=64, seed=4)
+    positions, full, truncated = context_penalty(model, x, y, train_len=8, stride=5)
+    assert positions == list(range(8, 40, 5))
+    with torch.no_grad():
+        for i, p in enumerate(positions):
+            want_full = sum(F.cross_entropy(model(x[w:w + 1, : p + 1])[0][0, -1], y[w, p]) for w in range(2)) / 2
+            want_trunc = sum(F.cross_entropy(model(x[w:w + 1, p - 7: p + 1])[0][0, -1], y[w, p]) for w in range(2)) / 2
+            assert abs(full[i] - want_full) < 1e-5 and abs(truncated[i] - want_trunc) < 1e-5
+
+
+def test_context_penalty_is_zero_for_a_model_that_ignores_context():
+    from icml26.methods.fix_attention.experiments import context_penalty
+
+    class Bigram(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(64, 64)
+
+        def forward(self, idx):
+            return self.table(idx), None
+
+    x, y = tiny_tokens(3, 30, vocab=64, seed=1), tiny_tokens(3, 30, vocab=64, seed=2)
+    _, full, truncated = context_penalty(Bigram(), x, y, train_len=6, stride=1)
+    assert torch.equal(full, truncated)

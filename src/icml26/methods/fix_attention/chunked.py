@@ -13,7 +13,8 @@ FiX (per-channel decay, ``fix_attention_chunked``)
     covered once, with O(R dv) element-wise work per level; pairs inside a leaf of C positions use the explicit
     C x C x dv decay, exponentiated only where j <= i. Keys before the super-block (earlier tokens, and a decode
     cache) use the super-block's start as boundary. Nothing overflows; underflow to 0 is real forgetting. The log
-    decays are float64 differences of Lambda within a super-block, so they keep float32 precision of the result.
+    decays are float32 sums local to each tree block, never differences of long prefix sums, so they keep float32
+    precision relative to their own size however large |Lambda| grows (see ``_Geometry``).
 
     The softmax is accumulated online (flash-attention style: running row max, rescaled partial sums), and a custom
     autograd function recomputes the scores in the backward pass, so training memory is O(T d) per head, not
@@ -77,20 +78,28 @@ def _reverse_exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
 class _Geometry:
     """Shapes, views and decay factors of one super-block, shared by the forward and the backward pass.
 
-    Attributes after construction: ``lam`` (B, H, R, dv) float64 Lambda_i - Lambda_{s0-1}; ``leaf_decay``
-    (B, H, R/C, C, C, dv) the explicit decay inside leaves (1 where j > i, where the weights are 0);
-    ``causal`` (C, C).
+    Precision without float64: every log gate is <= 0, so a running sum of them only grows in magnitude and a
+    float32 prefix or suffix sum is accurate *relative to its own value*. A difference Lambda_i - Lambda_j of two
+    long prefix sums is not (it cancels digits when the gates were strong earlier and weak in between). So no decay
+    here is formed as such a difference: the tree levels use sums local to their blocks, built bottom-up by adding
+    same-sign block totals (``levels``), and only leaves (at most C - 1 terms) take differences.
+
+    Attributes after construction: ``to_start`` (B, H, R, dv) exp(Lambda_i - Lambda_{s0-1}), the decay from the
+    position before the super-block; ``leaf_decay`` (B, H, R/C, C, C, dv) the explicit decay inside leaves (1 where
+    j > i, where the weights are 0); ``causal`` (C, C).
     """
 
     def __init__(self, lf_s: torch.Tensor, leaf: int) -> None:
         b, h, r, dv = lf_s.shape
         self.shape, self.leaf, self.dtype = (b, h, r, dv), leaf, lf_s.dtype
-        self.lam = lf_s.double().cumsum(2)
+        self.log_f = lf_s
+        self.to_start = lf_s.cumsum(2).exp_()
         self.causal = torch.ones(leaf, leaf, dtype=torch.bool, device=lf_s.device).tril()
         lam_leaf = lf_s.view(b, h, r // leaf, leaf, dv).cumsum(3)
         # For j > i the difference is >= 0; clamping it to 0 keeps the exp finite, and the softmax weight of
         # those pairs is exactly 0 wherever the decay is used, so no mask is needed here.
         self.leaf_decay = (lam_leaf.unsqueeze(4) - lam_leaf.unsqueeze(3)).clamp_max_(0.0).exp_()
+        self._leaf_prefix = lam_leaf
 
     def leaf_view(self, x: torch.Tensor) -> torch.Tensor:
         b, h, r, _ = self.shape
@@ -99,8 +108,16 @@ class _Geometry:
     def levels(self):
         """Yield (pair, q_decay, k_decay) per tree level: ``pair(x)`` splits (B, H, R, .) into the (right, left)
         blocks of every sibling pair; q_decay = exp(Lambda_i - Lambda_b) on the right block, k_decay =
-        exp(Lambda_b - Lambda_j) on the left block, b the last position of the left block."""
+        exp(Lambda_b - Lambda_j) on the left block, b the last position of the left block.
+
+        With blocks of M positions, ``prefix`` holds the log decay from each block's start to i inclusive and
+        ``suffix`` the log decay from j (exclusive) to its block's end: q_decay is the right block's prefix and
+        k_decay the left block's suffix. Merging two siblings into a block of 2M adds the left total to the right
+        prefix and the right total to the left suffix, sums of same-sign terms only.
+        """
         b, h, r, dv = self.shape
+        prefix = self._leaf_prefix.reshape(b, h, r, dv).clone()
+        suffix = _reverse_exclusive_cumsum(self.leaf_view(self.log_f), 3).view(b, h, r, dv)
         size = self.leaf
         while size < r:
             split = (b, h, r // (2 * size), 2, size)
@@ -109,11 +126,10 @@ class _Geometry:
                 halves = x.view(*split, x.shape[-1])
                 return halves[:, :, :, 1], halves[:, :, :, 0]
 
-            lam = self.lam.view(*split, dv)
-            bound = lam[:, :, :, 0, -1:]
-            q_decay = (lam[:, :, :, 1] - bound).to(self.dtype).exp()       # exp(Lambda_i - Lambda_b), right block
-            k_decay = (bound - lam[:, :, :, 0]).to(self.dtype).exp()       # exp(Lambda_b - Lambda_j), left block
-            yield pair, q_decay, k_decay
+            pre, suf = prefix.view(*split, dv), suffix.view(*split, dv)
+            yield pair, pre[:, :, :, 1].exp(), suf[:, :, :, 0].exp()
+            suf[:, :, :, 0] += pre[:, :, :, 1, -1:]          # right block's total, before its prefix moves
+            pre[:, :, :, 1] += pre[:, :, :, 0, -1:]          # left block's total
             size *= 2
 
 
@@ -185,7 +201,7 @@ def _superblock_forward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
         m_new = torch.maximum(m, w.amax(-1, keepdim=True))
         w.sub_(m_new).exp_()
         rescale = (m - m_new).exp_()
-        u = u * rescale + geo.lam.to(geo.dtype).exp() * _mm(w, early_v)
+        u = u * rescale + geo.to_start * _mm(w, early_v)
         z = z * rescale + w.sum(-1, keepdim=True)
         m = m_new
     return u / z, m + z.log()
@@ -226,7 +242,7 @@ def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor
     d_early_k = d_early_v = None
     if early_k is not None:
         p = _mm(q_s, early_k.transpose(-1, -2), neg_lse).exp_()
-        qg = geo.lam.to(geo.dtype).exp() * g_s
+        qg = geo.to_start * g_s
         ds = _mm(qg, early_v.transpose(-1, -2), neg_delta).mul_(p)
         dq.add_(_mm(ds, early_k))
         d_early_k = _mm(ds.transpose(-1, -2), q_s)

@@ -1,20 +1,30 @@
-"""FiX's claims at laptop scale: byte-level LM validation loss, and length extrapolation (train 256, test 1024).
+"""FiX's claims at laptop scale: byte-level LM validation loss, and context use beyond the training length.
 
-Protocol (both specs share the trained models; a run trains each (seed, arm) once per process):
+Protocol (the specs share the trained models; a run trains each (seed, arm) once per process):
 1. Arms: ``fix`` (this room's defaults), ``fox`` (official FoX defaults: NoPE, data-dependent scalar gate, no output
    norm) and ``softmax_rope`` (TinyLM's softmax + RoPE). Same TinyLM otherwise, the same initialisation rule.
+   ``fix_sigmoid`` (FiX with per-channel sigmoid gates at temperature 1, i.e. starting near f = 0.5 like FoX's) is
+   the arm of a follow-up spec registered after a diagnostic on seed 0 (see the README); it runs on fresh seeds.
 2. Equal parameters: the SwiGLU width of each arm is reduced so its total parameter count matches softmax_rope's as
    closely as a width step allows (FoX-Pro pays for its gates the same way). The counts are reported.
 3. Equal budget: one fixed recipe for every arm, not tuned for any (AdamW lr 3e-3, betas (0.9, 0.95), no weight
    decay, 10% linear warm-up then cosine to 10%, clip 1.0), the same steps and the same batches per seed.
 4. Validation loss: mean next-byte cross-entropy (nats) on fixed windows of T_train from the corpus' held-out tail.
-   Extrapolation: per-position loss on fixed windows of T_eval = 4 T_train from the same tail; "rise" is the mean
-   loss over the last quarter of T_eval minus the mean over the last quarter of T_train.
+5. Context penalty (length extrapolation with the content cancelled): on fixed windows of T_eval = 4 T_train from
+   the same tail, for target positions p >= T_train (every ``context_stride``-th), the loss of predicting byte p+1
+   from the full prefix minus the loss of predicting it from only the last T_train bytes (a window the model was
+   trained on). Both losses score the same byte, so the text cancels; a positive penalty means the context beyond
+   T_train hurts. The statistic averages it over the last quarter of T_eval.
 
 Comparators (fixed before any run):
 - ``val_loss_order``: ``order_margin = min(L_FoX - L_FiX, L_softmax - L_FoX) >= 0`` (both orderings hold).
-- ``length_extrapolation``: ``extrapolation_margin = min(rise_softmax - 0.10, 0.05 - max(rise_FoX, rise_FiX)) >= 0``:
-  softmax + RoPE rises by at least 0.10 nats while FoX and FiX rise by at most 0.05 (flat).
+- ``context_extrapolation``: ``extrapolation_margin = min(pen_softmax - 0.10, 0.05 - max(pen_FoX, pen_FiX)) >= 0``:
+  softmax + RoPE loses at least 0.10 nats from the extra context while FoX and FiX lose at most 0.05 (flat).
+- ``val_loss_order_sigmoid_gates``: the same order margin with ``fix_sigmoid`` in FiX's place, on seeds 100-102.
+
+The first length-extrapolation spec (rise of the raw per-position loss from the last quarter of T_train to the last
+quarter of T_eval, 4 windows) compared two stretches of text rather than two contexts; it was retired after its
+quick-tier run and is kept only in the README's history.
 """
 
 from __future__ import annotations
@@ -34,26 +44,38 @@ from ...models.tiny_lm import TinyLMConfig
 from .layers import build_tiny_lm
 
 ARMS = ("fix", "fox", "softmax_rope")
-ATTENTION = {"fix": "fix", "fox": "fox", "softmax_rope": "softmax"}
-RISE_MIN, FLAT_MAX = 0.10, 0.05
+SIGMOID_ARMS = ("fix_sigmoid", "fox", "softmax_rope")
+# arm -> (attention kind, layer options)
+ARM_LAYERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "fix": ("fix", {}), "fox": ("fox", {}), "softmax_rope": ("softmax", {}),
+    "fix_sigmoid": ("fix", {"gate_form": "sigmoid", "gate_temperature": 1.0}),
+}
+PENALTY_MIN, FLAT_MAX = 0.10, 0.05
 
 CLAIM_LOSS = ("At equal parameters and steps, FiX reaches a lower language-modelling loss than FoX, and FoX than "
               "softmax attention with RoPE (FiX abstract: lower training loss; FoX paper: FoX beats the Transformer)")
-CLAIM_EXTRAPOLATION = ("Trained at T=256 and evaluated at T=1024, the loss by position stays flat past the training "
-                       "length for FoX and FiX and rises for softmax attention with RoPE alone (FoX paper, length "
+CLAIM_EXTRAPOLATION = ("Trained at T=256 and evaluated at T=1024, FoX and FiX lose nothing from the context beyond the "
+                       "training length while softmax attention with RoPE alone gets worse with it (FoX paper, length "
                        "extrapolation; FiX abstract, long context)")
+CLAIM_SIGMOID = ("Follow-up registered after a seed-0 diagnostic: FiX with per-channel sigmoid forget gates started "
+                 "near f = 0.5 (FoX's starting point) reaches a lower loss than FoX, and FoX than softmax + RoPE, on "
+                 "fresh seeds")
 COMPARATOR_LOSS = Comparator(
     "order_margin", ">=", 0.0,
     "min(L_FoX - L_FiX, L_softmax - L_FoX) >= 0: validation loss FiX <= FoX <= softmax+RoPE, both gaps at once")
 COMPARATOR_EXTRAPOLATION = Comparator(
     "extrapolation_margin", ">=", 0.0,
-    f"min(rise_softmax - {RISE_MIN}, {FLAT_MAX} - max(rise_FoX, rise_FiX)) >= 0: softmax+RoPE's loss over the last "
-    f"quarter of T_eval exceeds its loss over the last quarter of T_train by >= {RISE_MIN} nats while FoX's and "
-    f"FiX's rise by <= {FLAT_MAX}")
+    f"min(pen_softmax - {PENALTY_MIN}, {FLAT_MAX} - max(pen_FoX, pen_FiX)) >= 0, with pen = loss of a byte given its "
+    f"full prefix minus its loss given only the last T_train bytes, averaged over the last quarter of T_eval: "
+    f"softmax+RoPE loses >= {PENALTY_MIN} nats from the extra context while FoX and FiX lose <= {FLAT_MAX}")
+COMPARATOR_SIGMOID = Comparator(
+    "order_margin", ">=", 0.0,
+    "min(L_FoX - L_FiX-sigmoid, L_softmax - L_FoX) >= 0 on seeds 100-102: FiX (sigmoid gates, tau 1) <= FoX <= "
+    "softmax+RoPE")
 
-# The fields that define a trained model; both specs' tier configs carry the same values.
+# The fields that define a trained model and its evaluation; specs sharing these values share the models.
 _TRAIN_KEYS = ("corpus", "d_model", "n_layers", "n_heads", "train_len", "eval_len", "batch_size", "steps", "lr",
-               "n_val_batches", "n_extrapolation_seqs", "threads", "log_every")
+               "n_val_batches", "context_windows", "context_stride", "threads", "log_every")
 
 
 def model_config(config: Mapping[str, Any], arm: str) -> TinyLMConfig:
@@ -63,11 +85,16 @@ def model_config(config: Mapping[str, Any], arm: str) -> TinyLMConfig:
     if arm == "softmax_rope":
         return base
     target = build_tiny_lm(base, attention="softmax").num_parameters()
-    extra = build_tiny_lm(base, attention=ATTENTION[arm]).num_parameters() - target
+    extra = _build(base, arm).num_parameters() - target
     # Each SwiGLU hidden unit costs 3 d_model parameters per layer.
     step = 3 * config["d_model"] * config["n_layers"]
     hidden = base.hidden_dim - round(extra / step)
     return TinyLMConfig(**{**base.__dict__, "mlp_hidden": hidden})
+
+
+def _build(tiny: TinyLMConfig, arm: str):
+    attention, options = ARM_LAYERS[arm]
+    return build_tiny_lm(tiny, attention=attention, **options)
 
 
 def _lr_at(step: int, steps: int, peak: float) -> float:
@@ -84,9 +111,37 @@ def _windows(tokens: torch.Tensor, n: int, length: int, seed: int) -> tuple[torc
     return sample_batch(tokens, n, length, torch.Generator().manual_seed(seed))
 
 
+@torch.no_grad()
+def context_penalty(model, x: torch.Tensor, y: torch.Tensor, train_len: int, stride: int,
+                    ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """Loss of each target given its full prefix and given only its last ``train_len`` bytes.
+
+    Args:
+        model: a TinyLM (``model(x)`` returns (logits, loss)).
+        x, y: (W, T_eval) input bytes and next-byte targets.
+        train_len: T_train, the context length the model was trained at.
+        stride: score every ``stride``-th position from T_train on.
+    Returns:
+        positions p (P,), full-prefix loss (P,) and truncated-prefix loss (P,), each averaged over the W windows.
+        The truncated loss of target p comes from the last row of a forward pass over x[p - T_train + 1 : p + 1].
+    """
+    positions = list(range(train_len, x.shape[1], stride))
+    index = torch.tensor(positions)
+    full = torch.zeros(len(positions))
+    truncated = torch.zeros(len(positions))
+    offsets = torch.arange(-train_len + 1, 1)
+    for row in range(x.shape[0]):           # one window at a time keeps T_eval x T_eval scores small
+        logits, _ = model(x[row:row + 1])
+        full += F.cross_entropy(logits[0, index], y[row, index], reduction="none")
+        contexts = x[row][index[:, None] + offsets]                      # (P, T_train)
+        logits, _ = model(contexts)
+        truncated += F.cross_entropy(logits[:, -1], y[row, index], reduction="none")
+    return positions, full / x.shape[0], truncated / x.shape[0]
+
+
 @functools.lru_cache(maxsize=64)
 def _train(config_json: str, seed: int, arm: str) -> dict:
-    """Train one arm on one seed; returns losses, the per-position loss at T_eval, parameter count and wall time."""
+    """Train one arm on one seed; returns losses, the context penalty curve, parameter count and wall time."""
     from ...data.text import load_corpus, sample_batch
 
     config = json.loads(config_json)
@@ -95,7 +150,7 @@ def _train(config_json: str, seed: int, arm: str) -> dict:
     torch.set_num_threads(config["threads"])
     try:
         seed_everything(seed)
-        model = build_tiny_lm(model_config(config, arm), attention=ATTENTION[arm])
+        model = _build(model_config(config, arm), arm)
         split = load_corpus(config["corpus"])
         batches = torch.Generator().manual_seed(1000 + seed)            # the same batches for every arm
         opt = torch.optim.AdamW(model.parameters(), lr=config["lr"], betas=(0.9, 0.95), weight_decay=0.0)
@@ -118,54 +173,59 @@ def _train(config_json: str, seed: int, arm: str) -> dict:
         with torch.no_grad():
             val = [model(*_windows(split.val, config["batch_size"], config["train_len"], 12345 + i))[1]
                    for i in range(config["n_val_batches"])]
-            x, y = _windows(split.val, config["n_extrapolation_seqs"], config["eval_len"], 54321)
-            per_position = torch.zeros(config["eval_len"])
-            for row in range(x.shape[0]):         # one sequence at a time keeps T_eval x T_eval scores small
-                logits, _ = model(x[row:row + 1])
-                per_position += F.cross_entropy(logits[0], y[row], reduction="none")
-            per_position /= x.shape[0]
-        return {"val_loss": float(torch.stack(val).mean()), "per_position": per_position.tolist(), "curve": curve,
-                "n_params": model.num_parameters(), "mlp_hidden": model.config.hidden_dim, "train_wall_s": wall}
+        result = {"val_loss": float(torch.stack(val).mean()), "curve": curve, "n_params": model.num_parameters(),
+                  "mlp_hidden": model.config.hidden_dim, "train_wall_s": wall}
+        if config["context_windows"]:
+            x, y = _windows(split.val, config["context_windows"], config["eval_len"], 54321)
+            positions, full, truncated = context_penalty(model, x, y, config["train_len"], config["context_stride"])
+            result.update(positions=positions, loss_full=full.tolist(), loss_truncated=truncated.tolist())
+        return result
     finally:
         torch.set_num_threads(threads)
 
 
-def _train_all(config: Mapping[str, Any], seed: int) -> dict[str, dict]:
+def _train_all(config: Mapping[str, Any], seed: int, arms: tuple[str, ...]) -> dict[str, dict]:
     key = json.dumps({k: config[k] for k in _TRAIN_KEYS}, sort_keys=True)
-    return {arm: _train(key, seed, arm) for arm in ARMS}
+    return {arm: _train(key, seed + config.get("seed_offset", 0), arm) for arm in arms}
 
 
-def _rise(per_position: list[float], train_len: int, eval_len: int) -> tuple[float, float, float]:
-    """(mean loss over the last quarter of T_train, over the last quarter of T_eval, their difference)."""
-    inside = per_position[train_len - train_len // 4: train_len]
-    beyond = per_position[eval_len - eval_len // 4:]
-    a, b = sum(inside) / len(inside), sum(beyond) / len(beyond)
-    return a, b, b - a
+def _val_loss_result(runs: dict[str, dict], arms: tuple[str, ...]) -> dict:
+    metrics = {arm: {"val_loss": r["val_loss"], "final_train_loss": r["curve"][-1][1],
+                     "n_params": float(r["n_params"]), "mlp_hidden": float(r["mlp_hidden"]),
+                     "train_wall_s": r["train_wall_s"]} for arm, r in runs.items()}
+    fix, fox, soft = (runs[a]["val_loss"] for a in arms)
+    statistics = {"order_margin": min(fox - fix, soft - fox), "fix_minus_fox": fix - fox,
+                  "fox_minus_softmax": fox - soft}
+    return {"arms": metrics, "statistics": statistics, "curves": {arm: r["curve"] for arm, r in runs.items()}}
 
 
 def run_val_loss(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
     """Validation loss of every arm at equal parameters and steps; statistic ``order_margin``."""
-    runs = _train_all(config, seed)
-    arms = {arm: {"val_loss": r["val_loss"], "final_train_loss": r["curve"][-1][1], "n_params": float(r["n_params"]),
-                  "mlp_hidden": float(r["mlp_hidden"]), "train_wall_s": r["train_wall_s"]} for arm, r in runs.items()}
-    fix, fox, soft = (runs[a]["val_loss"] for a in ARMS)
-    statistics = {"order_margin": min(fox - fix, soft - fox), "fix_minus_fox": fix - fox,
-                  "fox_minus_softmax": fox - soft}
-    return {"arms": arms, "statistics": statistics, "curves": {arm: r["curve"] for arm, r in runs.items()}}
+    return _val_loss_result(_train_all(config, seed, ARMS), ARMS)
 
 
-def run_extrapolation(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
-    """Per-position loss at T_eval of models trained at T_train; statistic ``extrapolation_margin``."""
-    runs = _train_all(config, seed)
-    arms, rises = {}, {}
+def run_val_loss_sigmoid(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
+    """The follow-up: ``fix_sigmoid`` in FiX's place, seeds offset by ``config['seed_offset']``."""
+    return _val_loss_result(_train_all(config, seed, SIGMOID_ARMS), SIGMOID_ARMS)
+
+
+def run_context_extrapolation(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
+    """Context penalty beyond T_train of every arm; statistic ``extrapolation_margin``."""
+    runs = _train_all(config, seed, ARMS)
+    quarter = config["eval_len"] - config["eval_len"] // 4
+    arms, penalties, curves = {}, {}, {}
     for arm, r in runs.items():
-        inside, beyond, rise = _rise(r["per_position"], config["train_len"], config["eval_len"])
-        rises[arm] = rise
-        arms[arm] = {"rise": rise, "loss_last_quarter_train_len": inside, "loss_last_quarter_eval_len": beyond,
-                     "loss_eval_len_mean": sum(r["per_position"]) / len(r["per_position"])}
-    margin = min(rises["softmax_rope"] - RISE_MIN, FLAT_MAX - max(rises["fox"], rises["fix"]))
-    return {"arms": arms, "statistics": {"extrapolation_margin": margin},
-            "curves": {arm: r["per_position"] for arm, r in runs.items()}}
+        gap = [f - t for f, t in zip(r["loss_full"], r["loss_truncated"])]
+        last = [g for p, g in zip(r["positions"], gap) if p >= quarter]
+        full = [f for p, f in zip(r["positions"], r["loss_full"]) if p >= quarter]
+        truncated = [t for p, t in zip(r["positions"], r["loss_truncated"]) if p >= quarter]
+        penalties[arm] = sum(last) / len(last)
+        arms[arm] = {"context_penalty": penalties[arm], "loss_full_prefix": sum(full) / len(full),
+                     "loss_last_train_len": sum(truncated) / len(truncated),
+                     "context_penalty_all_positions": sum(gap) / len(gap)}
+        curves[arm] = [r["positions"], gap]
+    margin = min(penalties["softmax_rope"] - PENALTY_MIN, FLAT_MAX - max(penalties["fox"], penalties["fix"]))
+    return {"arms": arms, "statistics": {"extrapolation_margin": margin}, "curves": curves}
 
 
 def plot_training(result: dict, ax) -> None:
@@ -182,35 +242,44 @@ def plot_training(result: dict, ax) -> None:
     ax.legend(fontsize=8)
 
 
-def plot_per_position(result: dict, ax) -> None:
-    """Loss by position at T_eval (mean over seeds, smoothed over 32 positions); the line marks T_train."""
+def plot_context_penalty(result: dict, ax) -> None:
+    """Context penalty by position (mean over seeds, smoothed over 8 points); 0 means the extra context is free."""
     import numpy as np
 
     for arm in result["arms_order"]:
         runs = [r["curves"][arm] for r in result["seed_results"] if arm in r.get("curves", {})]
         if runs:
-            mean = np.mean(runs, axis=0)
-            width = max(1, min(32, len(mean) // 16))
+            positions = np.asarray(runs[0][0])
+            mean = np.mean([r[1] for r in runs], axis=0)
+            width = max(1, min(8, len(mean) // 4))
             smooth = np.convolve(mean, np.ones(width) / width, mode="valid")
-            ax.plot(np.arange(len(smooth)) + width // 2, smooth, label=arm)
-    ax.axvline(result["run_info"]["config"]["train_len"], color="k", ls=":", lw=1, label="T_train")
-    ax.set_xlabel("position")
-    ax.set_ylabel("loss (nats/byte)")
+            ax.plot(positions[width // 2: width // 2 + len(smooth)], smooth, label=arm)
+    config = result["run_info"]["config"]
+    ax.axhline(0.0, color="k", lw=0.8)
+    ax.axvline(config["eval_len"] - config["eval_len"] // 4, color="k", ls=":", lw=1, label="scored from here")
+    ax.set_xlabel("target position (trained at T = %d)" % config["train_len"])
+    ax.set_ylabel("loss(full prefix) - loss(last T_train bytes)")
     ax.legend(fontsize=8)
 
 
 def _tier(**overrides: Any) -> dict:
     base = {"corpus": "shakespeare", "d_model": 64, "n_layers": 2, "n_heads": 4, "train_len": 256, "eval_len": 1024,
-            "batch_size": 8, "steps": 150, "lr": 3e-3, "n_val_batches": 4, "n_extrapolation_seqs": 4, "threads": 1,
-            "log_every": 10}
+            "batch_size": 8, "steps": 150, "lr": 3e-3, "n_val_batches": 4, "context_windows": 8,
+            "context_stride": 4, "threads": 1, "log_every": 10}
     return {**base, **overrides}
 
 
 _SMOKE = _tier(d_model=32, n_layers=1, train_len=32, eval_len=128, batch_size=2, steps=6, n_val_batches=1,
-               n_extrapolation_seqs=1, log_every=2)
+               context_windows=1, log_every=2)
 _QUICK = _tier()
-_FULL = _tier(d_model=128, n_layers=4, batch_size=16, steps=2000, n_val_batches=16, n_extrapolation_seqs=16,
+_FULL = _tier(d_model=128, n_layers=4, batch_size=16, steps=2000, n_val_batches=16, context_windows=16,
               threads=2, log_every=50)
+
+
+def _sigmoid_tier(tier: dict) -> dict:
+    # Fresh seeds (the diagnostic that motivated this spec used seed 0); no context evaluation needed.
+    return {**tier, "seed_offset": 100, "context_windows": 0}
+
 
 SPECS = [
     ExperimentSpec(
@@ -223,13 +292,26 @@ SPECS = [
               "125M-760M models on billions of tokens; FiX's own numbers are not public.",
     ),
     ExperimentSpec(
-        id="length_extrapolation", room="fix_attention", claim=CLAIM_EXTRAPOLATION,
+        id="context_extrapolation", room="fix_attention", claim=CLAIM_EXTRAPOLATION,
         paper_ref="FoX, arXiv 2503.02130, Fig. 2 (per-position loss); FiX abstract (long-context results)",
-        metric="rise of the per-position loss from the last quarter of T_train=256 to the last quarter of T_eval=1024",
-        arms=ARMS, baseline="softmax_rope", comparator=COMPARATOR_EXTRAPOLATION, run=run_extrapolation,
-        plot=plot_per_position, tiers={"smoke": _SMOKE, "quick": _QUICK, "full": _FULL},
+        metric="context penalty: loss of a byte given its full prefix (up to 1024) minus given its last 256 bytes, "
+               "averaged over target positions 768-1023",
+        arms=ARMS, baseline="softmax_rope", comparator=COMPARATOR_EXTRAPOLATION, run=run_context_extrapolation,
+        plot=plot_context_penalty, tiers={"smoke": _SMOKE, "quick": _QUICK, "full": _FULL},
         seeds={"smoke": 1, "quick": 3, "full": 3},
-        notes="Same models as val_loss_order (trained once per process). RoPE base 10000 for every arm that uses "
-              "RoPE; FoX is NoPE as in its official default.",
+        notes="Same models as val_loss_order (trained once per process). Replaces the first length_extrapolation "
+              "spec, whose raw per-position loss followed the text. RoPE base 10000 for every arm that uses RoPE; "
+              "FoX is NoPE as in its official default.",
+    ),
+    ExperimentSpec(
+        id="val_loss_order_sigmoid_gates", room="fix_attention", claim=CLAIM_SIGMOID,
+        paper_ref="FiX, ICML 2026 (abstract); gate form not pinned down by the public material (README, Fidelity)",
+        metric="validation loss (nats/byte), as val_loss_order, with FiX's gates sigmoid at temperature 1",
+        arms=SIGMOID_ARMS, baseline="softmax_rope", comparator=COMPARATOR_SIGMOID, run=run_val_loss_sigmoid,
+        plot=plot_training,
+        tiers={"smoke": _sigmoid_tier(_SMOKE), "quick": _sigmoid_tier(_QUICK), "full": _sigmoid_tier(_FULL)},
+        seeds={"smoke": 1, "quick": 3, "full": 3},
+        notes="Registered after the quick-tier verdict of val_loss_order, because a post-hoc diagnostic on seed 0 "
+              "had this variant below FoX; it runs on seeds 100-102 so that seed is not reused.",
     ),
 ]
