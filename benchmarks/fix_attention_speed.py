@@ -1,9 +1,12 @@
 """Speed and memory of FiX and FoX attention against torch's fused causal ``scaled_dot_product_attention``.
 
-Two parts, each case in its own subprocess so that ``ru_maxrss`` is that case's true peak:
+Three parts:
 
-* kernel: forward + backward of the attention op alone (no projections) on (B, H, T, Dh) float32 inputs, for
-  T in {256, 1024, 4096}: median wall time and peak RSS above the inputs (FiX, FoX, SDPA on the same shapes).
+* timing: forward + backward of the attention op alone (no projections) on (B, H, T, Dh) float32 inputs, for
+  T in {256, 1024, 4096}: SDPA, FoX and FiX in one process, interleaved over rounds; median wall time and the median
+  of the per-round ratios to SDPA.
+* memory: the same step once per kernel, each in its own subprocess so that ``ru_maxrss`` is that case's true peak:
+  peak RSS above the inputs.
 * decode: one attention layer (d_model = H * Dh) with a prefilled cache of P tokens, then single-token steps:
   tokens per second, and cache bytes per token (softmax+RoPE = TinyLM's CausalSelfAttention, FoX, FiX).
 
@@ -29,24 +32,23 @@ KERNELS = ("sdpa", "fox", "fix")
 LAYERS = ("softmax", "fox", "fix")
 
 
-def kernel_worker(kind: str, t: int, heads: int, head_dim: int, reps: int, threads: int) -> dict:
+def _kernel_case(kind: str, t: int, heads: int, head_dim: int):
+    """A closure running forward + backward of one attention kernel on fixed (1, H, T, Dh) float32 inputs."""
     import torch
     import torch.nn.functional as F
 
-    from icml26.core.memory import current_rss_bytes
     from icml26.methods.fix_attention import fix_attention_chunked, fox_attention_chunked
 
-    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, t, head_dim, generator=gen, requires_grad=True) for _ in range(3))
+    # Gates near 1 with a spread (typical after training): logsigmoid of N(4, 1) logits.
+    logits = torch.randn(1, heads, t, head_dim, generator=gen) + 4.0
+    log_f = F.logsigmoid(logits if kind == "fix" else logits[..., 0]).requires_grad_()
+    grad = torch.randn(1, heads, t, head_dim, generator=gen)
 
-    def inputs(length: int):
-        gen = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(1, heads, length, head_dim, generator=gen, requires_grad=True) for _ in range(3))
-        # Gates near 1 with a spread (typical after training): logsigmoid of N(4, 1) logits.
-        logits = torch.randn(1, heads, length, head_dim, generator=gen) + 4.0
-        log_f = F.logsigmoid(logits if kind == "fix" else logits[..., 0]).requires_grad_()
-        return q, k, v, log_f, torch.randn(1, heads, length, head_dim, generator=gen)
-
-    def step(q, k, v, log_f, grad) -> None:
+    def step() -> None:
+        for x in (q, k, v, log_f):
+            x.grad = None
         if kind == "sdpa":
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif kind == "fox":
@@ -55,21 +57,44 @@ def kernel_worker(kind: str, t: int, heads: int, head_dim: int, reps: int, threa
             out = fix_attention_chunked(q, k, v, log_f)
         out.backward(grad)
 
+    return step
+
+
+def timing_worker(t: int, heads: int, head_dim: int, rounds: int, threads: int) -> dict:
+    """All kernels in one process, timed in interleaved rounds (sdpa, fox, fix, sdpa, ...) so that a change in
+    machine load hits every kernel alike; the ratio to SDPA is taken within each round."""
+    import torch
+
+    torch.set_num_threads(threads)
+    steps = {kind: _kernel_case(kind, t, heads, head_dim) for kind in KERNELS}
+    for step in steps.values():
+        step()
+    times: dict[str, list[float]] = {kind: [] for kind in KERNELS}
+    for _ in range(rounds):
+        for kind, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[kind].append(time.perf_counter() - start)
+    ratios = {kind: statistics.median(a / b for a, b in zip(times[kind], times["sdpa"])) for kind in KERNELS}
+    return {"part": "timing", "T": t, "heads": heads, "head_dim": head_dim, "rounds": rounds,
+            "fwd_bwd_s_median": {kind: statistics.median(v) for kind, v in times.items()},
+            "ratio_to_sdpa_median": ratios, "fwd_bwd_s_all": times}
+
+
+def memory_worker(kind: str, t: int, heads: int, head_dim: int, threads: int) -> dict:
+    """Peak RSS of one forward + backward above the inputs, in a process of its own (ru_maxrss is per process)."""
+    import torch
+
+    from icml26.core.memory import current_rss_bytes
+
+    torch.set_num_threads(threads)
     # Warm up on a short sequence so one-time library allocations stay below the measured baseline.
-    step(*inputs(64))
-    tensors = inputs(t)
+    _kernel_case(kind, 64, heads, head_dim)()
+    step = _kernel_case(kind, t, heads, head_dim)
     base = current_rss_bytes()
-    step(*tensors)
-    times = []
-    for _ in range(reps):
-        for x in tensors[:4]:
-            x.grad = None
-        start = time.perf_counter()
-        step(*tensors)
-        times.append(time.perf_counter() - start)
+    step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"part": "kernel", "kind": kind, "T": t, "heads": heads, "head_dim": head_dim,
-            "fwd_bwd_s_median": statistics.median(times), "fwd_bwd_s_all": times,
+    return {"part": "memory", "kind": kind, "T": t, "heads": heads, "head_dim": head_dim,
             "peak_rss_over_inputs_mib": (peak - base) / 2**20}
 
 
@@ -112,7 +137,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds per length")
     parser.add_argument("--decode-prefix", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
@@ -121,8 +146,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         part, kind, size = args.worker
-        if part == "kernel":
-            row = kernel_worker(kind, int(size), args.heads, args.head_dim, args.reps, args.threads)
+        if part == "timing":
+            row = timing_worker(int(size), args.heads, args.head_dim, args.rounds, args.threads)
+        elif part == "memory":
+            row = memory_worker(kind, int(size), args.heads, args.head_dim, args.threads)
         else:
             row = decode_worker(kind, int(size), args.heads, args.head_dim, args.decode_steps, args.threads)
         print(json.dumps(row))
@@ -130,22 +157,21 @@ def main() -> None:
 
     from icml26.core.io import atomic_write_json
 
-    common = ["--heads", str(args.heads), "--head-dim", str(args.head_dim), "--reps", str(args.reps),
+    common = ["--heads", str(args.heads), "--head-dim", str(args.head_dim), "--rounds", str(args.rounds),
               "--decode-steps", str(args.decode_steps), "--threads", str(args.threads)]
     rows = []
     for t in args.lengths:
+        print(f"timing T={t} ...", file=sys.stderr, flush=True)
+        rows.append(_run(["--worker", "timing", "all", str(t), *common]))
         for kind in KERNELS:
-            print(f"kernel {kind} T={t} ...", file=sys.stderr, flush=True)
-            rows.append(_run(["--worker", "kernel", kind, str(t), *common]))
+            print(f"memory {kind} T={t} ...", file=sys.stderr, flush=True)
+            rows.append(_run(["--worker", "memory", kind, str(t), *common]))
     for prefix in args.decode_prefix:
         for kind in LAYERS:
             print(f"decode {kind} P={prefix} ...", file=sys.stderr, flush=True)
             rows.append(_run(["--worker", "decode", kind, str(prefix), *common]))
     for row in rows:
-        if row["part"] == "kernel":
-            ref = next(r for r in rows if r["part"] == "kernel" and r["T"] == row["T"] and r["kind"] == "sdpa")
-            row["time_ratio_to_sdpa"] = row["fwd_bwd_s_median"] / ref["fwd_bwd_s_median"]
-        else:
+        if row["part"] == "decode":
             ref = next(r for r in rows if r["part"] == "decode" and r["prefix"] == row["prefix"]
                        and r["kind"] == "softmax")
             row["cache_ratio_to_softmax"] = row["cache_bytes_per_token"] / ref["cache_bytes_per_token"]
@@ -155,9 +181,12 @@ def main() -> None:
                                  "torch": torch.__version__, "threads": args.threads, "heads": args.heads,
                                  "head_dim": args.head_dim, "rows": rows})
     for r in rows:
-        if r["part"] == "kernel":
-            print(f"kernel {r['kind']:5s} T={r['T']:5d}  fwd+bwd {r['fwd_bwd_s_median'] * 1e3:8.1f} ms "
-                  f"(x{r['time_ratio_to_sdpa']:.2f} SDPA)  peak +{r['peak_rss_over_inputs_mib']:.0f} MiB")
+        if r["part"] == "timing":
+            for kind in KERNELS:
+                print(f"kernel {kind:5s} T={r['T']:5d}  fwd+bwd {r['fwd_bwd_s_median'][kind] * 1e3:8.1f} ms "
+                      f"(x{r['ratio_to_sdpa_median'][kind]:.2f} SDPA, median of {r['rounds']} interleaved rounds)")
+        elif r["part"] == "memory":
+            print(f"memory {r['kind']:5s} T={r['T']:5d}  peak +{r['peak_rss_over_inputs_mib']:.0f} MiB over inputs")
         else:
             print(f"decode {r['kind']:7s} P={r['prefix']:5d}  {r['tokens_per_s']:8.1f} tok/s  "
                   f"cache {r['cache_bytes_per_token']:.0f} B/token (x{r['cache_ratio_to_softmax']:.3f} softmax)")

@@ -23,6 +23,7 @@ SIZES = {
     "quick": {"d_model": 32, "n_layers": 2, "n_heads": 4, "seq_len": 64, "batch_size": 8},
     "full": {"d_model": 128, "n_layers": 6, "n_heads": 4, "seq_len": 256, "batch_size": 8},
     "wide": {"d_model": 256, "n_layers": 6, "n_heads": 4, "seq_len": 256, "batch_size": 8},
+    "xwide": {"d_model": 512, "n_layers": 6, "n_heads": 8, "seq_len": 256, "batch_size": 8},
 }
 TARGET = 1.3
 

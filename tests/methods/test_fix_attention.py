@@ -47,15 +47,18 @@ def _grads(out: torch.Tensor, inputs, seed: int = 7):
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
-@pytest.mark.parametrize("t,chunk,budget", [(63, 4, 1 << 20), (63, 7, 300), (63, 1, 1 << 20), (500, 4, 20_000),
-                                            (500, 16, 1 << 20)])
+# (T, leaf, score budget, rows cap): one super-block, budget-limited ones, the default 256-row cap (two blocks at
+# T = 500) and one tall 512-row block.
+@pytest.mark.parametrize("t,chunk,budget,rows", [(63, 4, 1 << 20, 256), (63, 7, 300, 256), (63, 1, 1 << 20, 256),
+                                                 (500, 4, 20_000, 256), (500, 4, 1 << 20, 256),
+                                                 (500, 16, 1 << 20, 1024)])
 @pytest.mark.parametrize("tied", [False, True], ids=["per_channel", "tied"])
-def test_fix_chunked_equals_reference_outputs_and_gradients(t, chunk, budget, tied):
+def test_fix_chunked_equals_reference_outputs_and_gradients(t, chunk, budget, rows, tied):
     b, h, d = (1, 2, 8) if t == 500 else (2, 3, 8)
     q, k, v = _qkv(b, h, t, d, grad=True)
     log_f = _log_gates((b, h, t, 1 if tied else d), grad=True)
     ref = fix_attention_reference(q, k, v, log_f)
-    out = fix_attention_chunked(q, k, v, log_f, chunk_size=chunk, max_block_scores=budget)
+    out = fix_attention_chunked(q, k, v, log_f, chunk_size=chunk, max_block_scores=budget, max_block_rows=rows)
     assert_close("u", ref, out, 1e-12)
     for name, g_ref, g_out in zip(("dq", "dk", "dv", "dlog_f"), _grads(ref, (q, k, v, log_f)),
                                   _grads(out, (q, k, v, log_f))):
@@ -109,7 +112,8 @@ def test_naive_factorised_form_overflows_where_the_kernel_does_not():
     assert_close("u", fix_attention_reference(q.double(), k.double(), v.double(), log_f.double()), out, 2e-6)
 
 
-def test_fix_float32_keeps_precision_when_strong_gates_precede_weak_ones():
+@pytest.mark.parametrize("rows", [256, 1024], ids=["four_blocks", "one_block"])
+def test_fix_float32_keeps_precision_when_strong_gates_precede_weak_ones(rows):
     """Strong forgetting early makes |Lambda| large; later weak gates give decays that are small differences of two
     large prefix sums. Those must not lose float32 digits: the kernel builds them from local sums."""
     t, d = 1024, 8
@@ -117,7 +121,7 @@ def test_fix_float32_keeps_precision_when_strong_gates_precede_weak_ones():
     log_f = torch.full((1, 2, t, d), -1e-3, dtype=torch.float64)
     log_f[:, :, :300] = -30.0
     ref = fix_attention_reference(q, k, v, log_f)
-    out = fix_attention_chunked(q.float(), k.float(), v.float(), log_f.float())
+    out = fix_attention_chunked(q.float(), k.float(), v.float(), log_f.float(), max_block_rows=rows)
     assert_close("u float32", ref, out, 2e-6)
     # The textbook float32 form (differences of float32 prefix sums) is measurably worse: the test can tell.
     naive = fix_attention_reference(q.float(), k.float(), v.float(), log_f.float())

@@ -45,20 +45,24 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-# Attention scores per (batch, head) held at once: 2^20 floats = 4 MiB, i.e. T = 1024 in one super-block.
+# Attention scores per (batch, head) held at once: 2^20 floats = 4 MiB.
 MAX_BLOCK_SCORES = 1 << 20
+# Rows per super-block. Each tree level costs about ten element-wise passes over the rows (R/2 x d values), so
+# taller super-blocks add levels; keys before a super-block cost a dense pass instead. 256 was fastest on CPU at
+# d = 64 for T = 1024 and T = 4096 (benchmarks/fix_attention_speed.py; 1024 rows were 15-20% slower).
+MAX_BLOCK_ROWS = 256
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _plan(t: int, n_pre: int, leaf: int, max_block_scores: int) -> int:
-    """Super-block rows R = leaf * 2^L: the largest whose padding adds at most 1/8 to T (or one leaf) and whose
-    score rows fit ``max_block_scores`` per (batch, head)."""
+def _plan(t: int, n_pre: int, leaf: int, max_block_scores: int, max_rows: int) -> int:
+    """Super-block rows R = leaf * 2^L: the largest that is at most ``max_rows``, whose padding adds at most 1/8 to
+    T (or one leaf) and whose score rows fit ``max_block_scores`` per (batch, head)."""
     limit = max(t + t // 8, -(-t // leaf) * leaf)
     rows, best = leaf, leaf
-    while rows < t:
+    while rows < t and 2 * rows <= max_rows:
         rows *= 2
         padded = -(-t // rows) * rows
         if rows * (n_pre + padded) > max_block_scores:
@@ -116,8 +120,9 @@ class _Geometry:
         prefix and the right total to the left suffix, sums of same-sign terms only.
         """
         b, h, r, dv = self.shape
-        prefix = self._leaf_prefix.reshape(b, h, r, dv).clone()
-        suffix = _reverse_exclusive_cumsum(self.leaf_view(self.log_f), 3).view(b, h, r, dv)
+        # Kept as decays (exp of the log sums): merging then multiplies instead of exponentiating every level.
+        prefix = self._leaf_prefix.reshape(b, h, r, dv).exp()
+        suffix = _reverse_exclusive_cumsum(self.leaf_view(self.log_f), 3).exp_().view(b, h, r, dv)
         size = self.leaf
         while size < r:
             split = (b, h, r // (2 * size), 2, size)
@@ -127,9 +132,10 @@ class _Geometry:
                 return halves[:, :, :, 1], halves[:, :, :, 0]
 
             pre, suf = prefix.view(*split, dv), suffix.view(*split, dv)
-            yield pair, pre[:, :, :, 1].exp(), suf[:, :, :, 0].exp()
-            suf[:, :, :, 0] += pre[:, :, :, 1, -1:]          # right block's total, before its prefix moves
-            pre[:, :, :, 1] += pre[:, :, :, 0, -1:]          # left block's total
+            # Views: the caller uses them within its loop iteration, before the merge below changes them.
+            yield pair, pre[:, :, :, 1], suf[:, :, :, 0]
+            suf[:, :, :, 0] *= pre[:, :, :, 1, -1:]          # right block's total, before its prefix moves
+            pre[:, :, :, 1] *= pre[:, :, :, 0, -1:]          # left block's total
             size *= 2
 
 
@@ -250,6 +256,12 @@ def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor
     return dq, dk, dv, d_early_k, d_early_v
 
 
+def _rows(x: torch.Tensor, s0: int, s1: int) -> torch.Tensor:
+    """Rows s0:s1 of a (B, H, T, .) tensor, contiguous. With several super-blocks a slice is not viewable as one
+    batch of matrices, so every matmul on it would copy it; one copy per super-block instead."""
+    return x[:, :, s0:s1].contiguous()
+
+
 class _FixAttention(torch.autograd.Function):
     """Exact FiX with recomputation in the backward pass (inputs padded to a multiple of ``rows``)."""
 
@@ -259,9 +271,9 @@ class _FixAttention(torch.autograd.Function):
         outputs, lses = [], []
         for s0 in range(0, q.shape[2], rows):
             s1 = s0 + rows
-            geo = _Geometry(log_f[:, :, s0:s1], leaf)
+            geo = _Geometry(_rows(log_f, s0, s1), leaf)
             early_k, early_v = _early_inputs(k, v, log_f, pre_k, pre_v, s0)
-            o, lse = _superblock_forward(qs[:, :, s0:s1], k[:, :, s0:s1], v[:, :, s0:s1], geo, early_k, early_v)
+            o, lse = _superblock_forward(_rows(qs, s0, s1), _rows(k, s0, s1), _rows(v, s0, s1), geo, early_k, early_v)
             outputs.append(o)
             lses.append(lse)
         o = torch.cat(outputs, dim=2)
@@ -282,12 +294,12 @@ class _FixAttention(torch.autograd.Function):
         n_pre = 0 if pre_k is None else pre_k.shape[2]
         for s0 in range(0, q.shape[2], rows):
             s1 = s0 + rows
-            geo = _Geometry(log_f[:, :, s0:s1], leaf)
+            geo = _Geometry(_rows(log_f, s0, s1), leaf)
             lf_early = log_f[:, :, :s0] if s0 else None
             early_vals, pre_factor, new_factor = _early_values(v[:, :, :s0] if s0 else None, lf_early, pre_v)
             early_k = _early_keys(k, pre_k, s0)
-            grads = _superblock_backward(qs[:, :, s0:s1], k[:, :, s0:s1], v[:, :, s0:s1], geo, early_k, early_vals,
-                                         g[:, :, s0:s1], o[:, :, s0:s1], lse[:, :, s0:s1])
+            grads = _superblock_backward(*(_rows(x, s0, s1) for x in (qs, k, v)), geo, early_k, early_vals,
+                                         *(_rows(x, s0, s1) for x in (g, o, lse)))
             dq[:, :, s0:s1] += grads[0]
             dk[:, :, s0:s1] += grads[1]
             dv[:, :, s0:s1] += grads[2]
@@ -320,7 +332,7 @@ def _early_inputs(k, v, log_f, pre_k, pre_v, s0: int) -> tuple[torch.Tensor | No
 def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor, *,
                           prefix_k: torch.Tensor | None = None, prefix_v: torch.Tensor | None = None,
                           scale: float | None = None, chunk_size: int = 4, return_state: bool = False,
-                          max_block_scores: int = MAX_BLOCK_SCORES,
+                          max_block_scores: int = MAX_BLOCK_SCORES, max_block_rows: int = MAX_BLOCK_ROWS,
                           ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fine-grained forgetting attention before the output norm (see module docstring).
 
@@ -335,6 +347,7 @@ def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
             efficiency with it too (4 was fastest on CPU for T = 1024, d = 64).
         return_state: also return the updated value cache.
         max_block_scores: attention scores per (batch, head) held at once; bounds the super-block size.
+        max_block_rows: the largest super-block (rows), a speed setting (see ``MAX_BLOCK_ROWS``).
     Returns:
         u: (B, H, T, dv) in q's dtype; with ``return_state`` also the value cache (B, H, P + T, dv) in v's dtype:
         every value decayed to the last new position, ready to be the next call's ``prefix_v``.
@@ -354,7 +367,7 @@ def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
         return (u, state.to(cache_dtype)) if return_state else u
     leaf = max(1, min(chunk_size, t))
     n_pre = 0 if prefix_k is None else prefix_k.shape[2]
-    rows = _plan(t, n_pre, leaf, max_block_scores)
+    rows = _plan(t, n_pre, leaf, max_block_scores, max_block_rows)
     pad = -(-t // rows) * rows - t
     # Padded positions carry log f = 0, so they change no decay; being last, no real query sees them.
     qp, kp, vp = (F.pad(x.to(cdt), (0, 0, 0, pad)).contiguous() for x in (q, k, v))
