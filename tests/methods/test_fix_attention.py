@@ -20,14 +20,7 @@ from icml26.models.tiny_lm import CausalSelfAttention, TinyLM, TinyLMConfig
 TINY = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_seq_len=96)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: these ops are small, and on a shared 2-core machine two threads mostly wait on each
-    other (10x slower under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _qkv(b: int, h: int, t: int, d: int, *, seed: int = 0, dtype=torch.float64, grad: bool = False):

@@ -17,14 +17,7 @@ SMALL = dict(vocab_size=32, d_model=32, n_layers=2, n_heads=4, max_seq_len=64)
 KINDS = {"fix": FiXAttention, "fox": FoXAttention, "softmax": CausalSelfAttention}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: these ops are small, and on a shared 2-core machine two threads mostly wait on each
-    other (10x slower under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(attention: str, seed: int = 0, **options) -> FixForCausalLM:

@@ -22,13 +22,7 @@ from icml26.methods.scalora.scaling import multipliers_from_coefficients
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These tensors are tiny: on a shared 2-core machine a second intra-op thread only adds contention."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rand(*shape: int, seed: int) -> torch.Tensor:
