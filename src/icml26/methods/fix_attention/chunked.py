@@ -85,8 +85,8 @@ class _Geometry:
     Precision without float64: every log gate is <= 0, so a running sum of them only grows in magnitude and a
     float32 prefix or suffix sum is accurate *relative to its own value*. A difference Lambda_i - Lambda_j of two
     long prefix sums is not (it cancels digits when the gates were strong earlier and weak in between). So no decay
-    here is formed as such a difference: the tree levels use sums local to their blocks, built bottom-up by adding
-    same-sign block totals (``levels``), and only leaves (at most C - 1 terms) take differences.
+    here is formed as such a difference: the tree levels use decays local to their blocks, built bottom-up from
+    block totals (``levels``), and only leaves (at most C - 1 terms) take differences.
 
     Attributes after construction: ``to_start`` (B, H, R, dv) exp(Lambda_i - Lambda_{s0-1}), the decay from the
     position before the super-block; ``leaf_decay`` (B, H, R/C, C, C, dv) the explicit decay inside leaves (1 where
@@ -114,13 +114,13 @@ class _Geometry:
         blocks of every sibling pair; q_decay = exp(Lambda_i - Lambda_b) on the right block, k_decay =
         exp(Lambda_b - Lambda_j) on the left block, b the last position of the left block.
 
-        With blocks of M positions, ``prefix`` holds the log decay from each block's start to i inclusive and
-        ``suffix`` the log decay from j (exclusive) to its block's end: q_decay is the right block's prefix and
-        k_decay the left block's suffix. Merging two siblings into a block of 2M adds the left total to the right
-        prefix and the right total to the left suffix, sums of same-sign terms only.
+        With blocks of M positions, ``prefix`` holds the decay from each block's start to i inclusive and
+        ``suffix`` the decay from j (exclusive) to its block's end: q_decay is the right block's prefix and k_decay
+        the left block's suffix. Merging two siblings into a block of 2M multiplies the right prefix by the left
+        block's total decay and the left suffix by the right block's: in log terms, sums of same-sign terms only.
+        Keeping decays rather than log sums means one multiply per level instead of an exp.
         """
         b, h, r, dv = self.shape
-        # Kept as decays (exp of the log sums): merging then multiplies instead of exponentiating every level.
         prefix = self._leaf_prefix.reshape(b, h, r, dv).exp()
         suffix = _reverse_exclusive_cumsum(self.leaf_view(self.log_f), 3).exp_().view(b, h, r, dv)
         size = self.leaf
