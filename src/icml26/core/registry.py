@@ -55,7 +55,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("adamezo", "optimizer", "AdaMeZO: Adam-style zeroth-order optimizer without maintaining the moments",
               "2605.00650", "torch.optim optimizers MeZO and AdaMeZO", ("llm",), "done"),
     RoomEntry("janus_lora", "adapter", "Janus-LoRA: balancing stability and plasticity of LoRA in continual learning",
-              "2605.28495", "LoRA adapter with gradient rectification and decoupled margin loss", ("llm",)),
+              "2605.28495", "LoRA adapter with gradient rectification and decoupled margin loss", ("llm",), "done"),
     RoomEntry("annotation_anchoring", "trainer", "Annotations mitigate post-training mode collapse",
               "2605.09995", "annotation-anchored fine-tuning trainer", ("llm",)),
     RoomEntry("fix_attention", "layer", "FiX: introducing fine-grained forget gate into softmax attention",
