@@ -83,7 +83,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("scalora", "adapter", "ScaLoRA: optimally scaled low-rank adaptation for efficient high-rank fine-tuning",
               "2510.23818", "merge-and-rescale LoRA adapter", ("llm",), "done"),
     RoomEntry("entropy_rft", "trainer", "On the entropy dynamics in reinforcement fine-tuning of LLMs",
-              "2602.03392", "GRPO with entropy-discriminator clipping", ("llm", "rl")),
+              "2602.03392", "GRPO with entropy-discriminator clipping", ("llm", "rl"), "done"),
     RoomEntry("calm", "science", "CalM: a self-supervised foundation model for calcium imaging population dynamics",
               "2604.04958", "calcium-imaging forecasting model and benchmark"),
     RoomEntry("sherpa", "science", "SHERPA: fine-tuning segment-anything models with guidance from a small SAM",

@@ -1,0 +1,346 @@
+"""Laptop-scale checks of arXiv 2602.03392 on a verifiable toy task.
+
+Task (``DigitSum``): the prompt is ``[T, t, a_1..a_m, R]`` with a target digit t and m given digits; the policy
+answers L digits d_1..d_L and earns reward 1 iff every answer token is a digit and (sum a + sum d) mod 10 = t.
+A uniformly random digit answer is right 10% of the time. Vocabulary 16 (digits 0-9, T=10, R=11, 4 unused).
+
+Claims:
+1. ``entropy_theorem`` (Theorem 3.3): per GRPO update, the first-order prediction
+   Delta H = sum over batch tokens of -alpha A (S_k - E_{j~p}[S_j]) tracks the measured entropy change. Checked
+   exactly where the theorem's assumption holds (a tabular softmax policy whose logits are the parameters, SGD,
+   alpha = lr / N) at a small and a large learning rate, and reported (not judged) for TinyLM.
+2. ``clipb_passk`` (Sec. 5): GRPO vs GRPO + Clip_B (mu = 2.5) vs GRPO + entropy bonus, same budget and one shared
+   learning rate (picked for plain GRPO on a separate tuning seed). Clip_B should keep entropy higher and give
+   better Pass@16 at similar Avg@1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ...core.logging import log_metrics
+from ...core.seeding import seed_everything
+from ...harness.spec import Comparator, ExperimentSpec
+from .config import EntropyRFTConfig
+from .grpo import pass_at_k, predicted_entropy_change
+from .trainer import GRPOTrainer, response_logprobs, sample_responses
+
+TUNING_SEED = 10_000
+VOCAB, T_TOK, R_TOK = 16, 10, 11
+
+
+# -- task ------------------------------------------------------------------------------------------------------
+class DigitSum:
+    """All prompts [T, t, a_1..a_m, R]; a fixed random split into train and held-out prompts (split seed 0);
+    ``n_heldout=0`` evaluates on the training prompts."""
+
+    def __init__(self, n_given: int, length: int, n_heldout: int) -> None:
+        self.n_given, self.length = n_given, length
+        grid = torch.cartesian_prod(*[torch.arange(10)] * (n_given + 1)).reshape(-1, n_given + 1)
+        prompts = torch.cat((torch.full((len(grid), 1), T_TOK), grid, torch.full((len(grid), 1), R_TOK)), 1)
+        perm = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(0))
+        self.heldout, self.train = prompts[perm[:n_heldout]], prompts[perm[n_heldout:]]
+        if n_heldout == 0:  # too few prompts to hold any out: evaluate on the training prompts themselves
+            self.heldout = self.train
+
+    @property
+    def prompt_len(self) -> int:
+        return self.n_given + 3
+
+    def reward(self, prompts: torch.Tensor, responses: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        digits_ok = (responses < 10).all(1)
+        total = prompts[:, 2:2 + self.n_given].sum(1) + responses.clamp_max(9).sum(1)
+        return (digits_ok & (total % 10 == prompts[:, 1])).float()
+
+    def sample_train(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        return self.train[torch.randint(0, len(self.train), (n,), generator=gen)]
+
+    def correct_answers(self, prompts: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """A uniformly random correct answer per prompt (the supervised warm-up data)."""
+        free = torch.randint(0, 10, (len(prompts), self.length - 1), generator=gen)
+        last = (prompts[:, 1] - prompts[:, 2:2 + self.n_given].sum(1) - free.sum(1)) % 10
+        return torch.cat((free, last[:, None]), 1)
+
+
+class TabularPolicy(nn.Module):
+    """A logit table indexed by (answer position i, residual (t - sum so far) mod 10): a causal LM whose logits are
+    its parameters, the setting of Theorem 3.3. ``forward(ids)`` -> logits (B, T, V); prompt positions except the
+    last get zeros (never used)."""
+
+    def __init__(self, task: DigitSum) -> None:
+        super().__init__()
+        self.task = task
+        self.table = nn.Parameter(torch.zeros(task.length, 10, VOCAB))
+
+    def states(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tp, m = self.task.prompt_len, self.task.n_given
+        n_ans = ids.shape[1] - tp + 1  # answer positions predicted from this prefix
+        answered = ids[:, tp:].clamp_max(9) * (ids[:, tp:] < 10)
+        done = torch.cat((torch.zeros(len(ids), 1, dtype=torch.long), answered.cumsum(1)), 1)[:, :n_ans]
+        resid = (ids[:, 1:2] - ids[:, 2:2 + m].sum(1, keepdim=True) - done) % 10
+        pos = torch.arange(n_ans).clamp_max(self.task.length - 1).expand_as(resid)
+        return pos, resid
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos, resid = self.states(ids)
+        out = torch.zeros(ids.shape[0], ids.shape[1], VOCAB)
+        return torch.cat((out[:, : self.task.prompt_len - 1], self.table[pos, resid]), 1)
+
+    def mean_entropy(self) -> float:
+        logp = torch.log_softmax(self.table.detach().double(), -1)
+        return float(-(logp.exp() * logp).sum(-1).mean())
+
+
+def _tiny_lm(config: Mapping[str, Any]) -> nn.Module:
+    from ...models.tiny_lm import TinyLM, TinyLMConfig
+
+    return TinyLM(TinyLMConfig(vocab_size=VOCAB, d_model=config["d_model"], n_layers=config["n_layers"],
+                               n_heads=config["n_heads"], max_seq_len=16))
+
+
+def warm_up(model: nn.Module, task: DigitSum, steps: int, lr: float, seed: int) -> None:
+    """Brief supervised warm-up on uniformly random correct answers (so rewards are non-zero and diverse)."""
+    gen = torch.Generator().manual_seed(seed + 7)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        prompts = task.sample_train(64, gen)
+        answers = task.correct_answers(prompts, gen)
+        logp, _, _ = response_logprobs(model, prompts, answers)
+        loss = -logp.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, task: DigitSum, n_samples: int, ks: tuple[int, ...], gen: torch.Generator) -> dict:
+    """Held-out Avg@1 (mean correctness), unbiased Pass@k from ``n_samples`` per prompt, and mean token entropy."""
+    model.eval()
+    prompts = task.heldout.repeat_interleave(n_samples, 0)
+    responses, mask = sample_responses(model, prompts, task.length, generator=gen)
+    correct = task.reward(prompts, responses).view(len(task.heldout), n_samples)
+    _, entropy, _ = response_logprobs(model, prompts, responses)
+    counts = correct.sum(1).long().tolist()
+    out = {"avg_at_1": float(correct.mean()), "entropy": float(entropy.mean())}
+    for k in ks:
+        out[f"pass_at_{k}"] = sum(pass_at_k(n_samples, c, k) for c in counts) / len(counts)
+    return out
+
+
+# -- claim 1: the first-order entropy change --------------------------------------------------------------------
+def _step_with_prediction(trainer: GRPOTrainer, prompts: torch.Tensor, lr: float) -> float:
+    """One GRPO step (one SGD update); returns sum over the batch tokens of -alpha A (S_k - E[S]), alpha = lr / N,
+    from the logits before the update (N valid tokens: the token-mean loss gives each token weight 1 / N)."""
+    batch = trainer.rollout(prompts)
+    with torch.no_grad():
+        _, _, logits = response_logprobs(trainer.model, batch.prompts, batch.responses, trainer.config.temperature)
+    mask = batch.mask * batch.keep
+    pred = predicted_entropy_change(logits, batch.responses, batch.advantages, lr / float(mask.sum().clamp_min(1)))
+    loss, _ = trainer.loss(batch)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    trainer.optimizer.step()
+    return float((pred * mask).sum())
+
+
+def _correlation(x: list[float], y: list[float]) -> float:
+    xt, yt = torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
+    xt, yt = xt - xt.mean(), yt - yt.mean()
+    denom = float(xt.norm() * yt.norm())
+    return float((xt * yt).sum()) / denom if denom > 0 else math.nan
+
+
+def theorem_updates(config: Mapping[str, Any], seed: int, lr: float, policy_kind: str) -> dict:
+    """Plain GRPO + SGD; per update the predicted and the measured change of the mean entropy.
+
+    Tabular: the logits are the parameters, so the prediction is Theorem 3.3 exactly to first order; the
+    entropy is averaged over all (position, residual) states, each predicted change divided by the state count.
+    TinyLM: the same tabular-alpha prediction (summed over batch tokens) against the change of the mean entropy
+    on fixed held-out contexts; parameter sharing breaks the theorem's assumption, so only the correlation is
+    meaningful there.
+    """
+    task = DigitSum(config["n_given"], config["length"], config["n_heldout"])
+    seed_everything(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    if policy_kind == "tabular":
+        model = TabularPolicy(task)
+        with torch.no_grad():  # a non-uniform start, like a pretrained model
+            model.table.normal_(0.0, config["init_std"], generator=torch.Generator().manual_seed(seed))
+        scale = 1.0 / (model.table.shape[0] * model.table.shape[1])
+        entropy = model.mean_entropy
+    else:
+        model = _tiny_lm(config)
+        warm_up(model, task, config["warmup_steps"], config["warmup_lr"], seed)
+        probe_resp, _ = sample_responses(model, task.heldout, task.length, generator=gen)
+        scale = 1.0 / probe_resp.numel()  # rough: a mean over probe tokens; correlation ignores the scale
+
+        def entropy() -> float:
+            with torch.no_grad():
+                return float(response_logprobs(model, task.heldout, probe_resp)[1].mean())
+
+    cfg = EntropyRFTConfig(group_size=config["group_size"], clip_b=False, max_new_tokens=task.length)
+    trainer = GRPOTrainer(model, torch.optim.SGD(model.parameters(), lr=lr), task.reward, cfg, generator=gen)
+    predicted, measured = [], []
+    for step in range(config["updates"]):
+        before = entropy()
+        predicted.append(scale * _step_with_prediction(trainer, task.sample_train(config["prompts_per_step"], gen), lr))
+        measured.append(entropy() - before)
+    return {"predicted": predicted, "measured": measured, "corr": _correlation(predicted, measured)}
+
+
+def run_theorem(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
+    torch.set_num_threads(1)
+    arms, curves, stats = {}, {}, {}
+    for name, kind, lr in (("tabular_small_lr", "tabular", config["lr_small"]),
+                           ("tabular_large_lr", "tabular", config["lr_large"]),
+                           ("tinylm_small_lr", "tinylm", config["lr_tinylm"])):
+        out = theorem_updates(config, seed, lr, kind)
+        pred, meas = torch.tensor(out["predicted"]), torch.tensor(out["measured"])
+        rel = float((pred - meas).norm() / meas.norm()) if float(meas.norm()) > 0 else math.nan
+        arms[name] = {"corr": out["corr"], "rel_error": rel, "lr": lr,
+                      "mean_measured_dH": float(meas.mean()), "mean_predicted_dH": float(pred.mean())}
+        curves[name] = [[p, m] for p, m in zip(out["predicted"], out["measured"])]
+        log_metrics(seed, arm=name, corr=out["corr"], rel_error=rel)
+    stats["corr_tabular_small_lr"] = arms["tabular_small_lr"]["corr"]
+    stats["corr_tabular_large_lr"] = arms["tabular_large_lr"]["corr"]
+    stats["corr_tinylm"] = arms["tinylm_small_lr"]["corr"]
+    return {"arms": arms, "statistics": stats, "curves": curves}
+
+
+def plot_theorem(result: dict, ax) -> None:
+    """Measured vs predicted per-update entropy change, every seed pooled, per arm (scaled to the arm's max)."""
+    for arm in result["arms_order"]:
+        pts = [p for r in result["seed_results"] for p in r["curves"].get(arm, [])]
+        if not pts:
+            continue
+        x = torch.tensor([p[0] for p in pts])
+        y = torch.tensor([p[1] for p in pts])
+        s = float(y.abs().max()) or 1.0
+        ax.scatter((x / s).tolist(), (y / s).tolist(), s=6, label=arm)
+    ax.plot([-1, 1], [-1, 1], "k:", lw=1)
+    ax.set_xlabel("predicted dH (first order, / max |measured|)")
+    ax.set_ylabel("measured dH (/ max |measured|)")
+    ax.legend(fontsize=8)
+
+
+# -- claim 2: Clip_B vs GRPO vs entropy bonus -------------------------------------------------------------------
+ARMS = ("grpo_clipb", "grpo", "grpo_entropy_bonus")
+
+
+def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float) -> dict:
+    """Warm up TinyLM (same init per seed for every arm), then GRPO for ``steps`` updates; eval curve."""
+    task = DigitSum(config["n_given"], config["length"], config["n_heldout"])
+    seed_everything(seed)
+    model = _tiny_lm(config)
+    warm_up(model, task, config["warmup_steps"], config["warmup_lr"], seed)
+    cfg = EntropyRFTConfig(group_size=config["group_size"], clip_b=arm == "grpo_clipb", mu=config["mu"],
+                           entropy_coef=config["entropy_coef"] if arm == "grpo_entropy_bonus" else 0.0,
+                           max_new_tokens=task.length, ppo_epochs=config["ppo_epochs"])
+    gen = torch.Generator().manual_seed(seed + 1)  # same rollout randomness stream start for every arm
+    eval_gen = torch.Generator().manual_seed(seed + 2)
+    trainer = GRPOTrainer(model, torch.optim.Adam(model.parameters(), lr=lr), task.reward, cfg, generator=gen)
+    ks = tuple(config["ks"])
+    curve = [[0, evaluate(model, task, config["eval_samples"], ks, eval_gen)]]
+    clipped = []
+    for step in range(config["steps"]):
+        model.train()
+        m = trainer.step(task.sample_train(config["prompts_per_step"], gen))
+        clipped.append(m["frac_clipped"])
+        if (step + 1) % config["eval_every"] == 0 or step + 1 == config["steps"]:
+            ev = evaluate(model, task, config["eval_samples"], ks, eval_gen)
+            curve.append([step + 1, ev])
+            log_metrics(step + 1, arm=arm, seed=seed, lr=lr, train_reward=m["reward_mean"], **ev)
+    final = curve[-1][1]
+    return {"final": final, "curve": curve, "frac_clipped": sum(clipped) / max(len(clipped), 1)}
+
+
+def tune_shared_lr(config: Mapping[str, Any]) -> dict:
+    """One learning rate for every arm: the grid point with the best final held-out Avg@1 of plain GRPO on the
+    tuning seed (the baseline gets the tuning; the other arms inherit its rate)."""
+    scores = {repr(lr): train_arm("grpo", config, TUNING_SEED, lr)["final"]["avg_at_1"] for lr in config["lr_grid"]}
+    best = max(scores, key=lambda k: scores[k])
+    return {"lr": float(best), "grid_scores": scores, "tuning_seed": TUNING_SEED, "tuned_arm": "grpo"}
+
+
+def run_arms(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any]) -> dict:
+    torch.set_num_threads(1)
+    lr = prepared["lr"]
+    k = max(config["ks"])
+    runs = {arm: train_arm(arm, config, seed, lr) for arm in ARMS}
+    arms = {arm: {**run["final"], "frac_clipped": run["frac_clipped"], "lr": lr} for arm, run in runs.items()}
+    curves = {arm: [[s, ev["entropy"]] for s, ev in run["curve"]] for arm, run in runs.items()}
+    c, g = arms["grpo_clipb"], arms["grpo"]
+    stats = {f"pass_at_{k}_gain": c[f"pass_at_{k}"] - g[f"pass_at_{k}"],
+             "entropy_gain": c["entropy"] - g["entropy"],
+             "avg_at_1_gap": c["avg_at_1"] - g["avg_at_1"],
+             "bonus_pass_gain": arms["grpo_entropy_bonus"][f"pass_at_{k}"] - g[f"pass_at_{k}"]}
+    return {"arms": arms, "statistics": stats, "curves": curves}
+
+
+def plot_entropy(result: dict, ax) -> None:
+    from ...harness.plots import plot_mean_curves
+
+    plot_mean_curves(result, ax, xlabel="GRPO update", ylabel="mean token entropy on the task prompts (nats)")
+
+
+# -- specs -----------------------------------------------------------------------------------------------------
+THEOREM_COMPARATOR = Comparator(
+    "corr_tabular_small_lr", ">=", 0.95,
+    "Pearson correlation between predicted and measured per-update entropy change for the tabular policy at the "
+    "small learning rate >= 0.95 (Theorem 3.3 is first order, so it should be near 1 for small steps)")
+PASSK_COMPARATOR = Comparator(
+    "pass_at_16_gain", ">=", 0.02,
+    "Pass@16(GRPO + Clip_B) - Pass@16(GRPO) >= 0.02 after the same number of updates at the same lr; "
+    "entropy_gain (> 0 expected) and avg_at_1_gap (|.| small expected) are reported next to it")
+
+# Pilots (plain GRPO only, before any arm comparison) showed TinyLM learns nothing in budget when the prompt also
+# carries given digits (m = 1 or 2: Avg@1 stays at the 10% chance level), so the claims use m = 0: 10 prompts,
+# answers of 2 digits, evaluated on all 10 prompts.
+_TASK = {"n_given": 0, "length": 2, "n_heldout": 0}
+_LM = {"d_model": 32, "n_layers": 2, "n_heads": 4, "warmup_steps": 40, "warmup_lr": 1e-2}
+
+
+def _theorem(updates: int, **kw: Any) -> dict:
+    return {**_TASK, **_LM, "group_size": 8, "prompts_per_step": 16, "updates": updates, "init_std": 1.0,
+            "lr_small": 0.05, "lr_large": 50.0, "lr_tinylm": 0.01, **kw}
+
+
+def _arms(steps: int, grid: list[float], **kw: Any) -> dict:
+    return {**_TASK, **_LM, "group_size": 8, "prompts_per_step": 8, "steps": steps, "eval_every": max(steps // 10, 1),
+            "eval_samples": 32, "ks": [1, 8, 16], "mu": 2.5, "entropy_coef": 0.01, "ppo_epochs": 1,
+            "lr_grid": grid, **kw}
+
+
+SPECS = [
+    ExperimentSpec(
+        id="entropy_theorem", room="entropy_rft",
+        claim="To first order a GRPO update changes the entropy by -alpha A (S_k - E_{j~p}[S_j]) per token",
+        paper_ref="arXiv 2602.03392, Theorem 3.3 (Sec. 3)",
+        metric="correlation of predicted vs measured per-update entropy change",
+        arms=("tabular_small_lr", "tabular_large_lr", "tinylm_small_lr"), baseline="tabular_large_lr",
+        comparator=THEOREM_COMPARATOR, run=run_theorem, plot=plot_theorem,
+        tiers={"smoke": _theorem(5, warmup_steps=5), "quick": _theorem(60), "full": _theorem(300)},
+        seeds={"smoke": 1, "quick": 3, "full": 5},
+        notes="Tabular policy = logit table over (answer position, residual mod 10), SGD, so the theorem's "
+              "assumption holds; TinyLM (SGD, same tabular alpha) is reported, not judged.",
+    ),
+    ExperimentSpec(
+        id="clipb_passk", room="entropy_rft",
+        claim="Clip_B keeps entropy higher than GRPO and improves Pass@k at about the same Avg@1",
+        paper_ref="arXiv 2602.03392, Sec. 5 (Tables on AMC23/AIME24/AIME25, Avg@32 / Pass@32)",
+        metric="Pass@16, Avg@1 and mean token entropy on the 10 task prompts (32 samples each) after the same "
+               "number of GRPO updates",
+        arms=ARMS, baseline="grpo", comparator=PASSK_COMPARATOR, run=run_arms, prepare=tune_shared_lr,
+        plot=plot_entropy,
+        tiers={"smoke": _arms(4, [1e-3], warmup_steps=5, eval_samples=16),
+               "quick": _arms(150, [3e-4, 1e-3, 3e-3]),
+               "full": _arms(600, [1e-4, 3e-4, 1e-3, 3e-3])},
+        seeds={"smoke": 1, "quick": 3, "full": 5},
+        notes="TinyLM (vocab 16, d=32, 2 layers), briefly warmed up on random correct answers, then GRPO with G=8 "
+              "and 8 prompts per update; the paper trains Qwen2.5-7B on DAPO-Math with G=16.",
+    ),
+]
