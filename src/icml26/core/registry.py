@@ -71,7 +71,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("lokra", "adapter", "LoKRA: low Kruskal-rank adaptation",
               "", "LoKRA and LoKRA+ adapters", ("llm",), "done"),
     RoomEntry("lockin", "probe", "Trajectory lock-in and the drift paradox in fine-tuning",
-              "", "fine-tuning trajectory probes", ("llm",)),
+              "", "fine-tuning trajectory probes", ("llm",), "done"),
     RoomEntry("pgt", "trainer", "PGT: preference goal tuning of goal-conditioned policies",
               "2412.02125", "latent-goal preference tuning trainer", ("rl",)),
     RoomEntry("salaad", "adapter", "SALAAD: sparse and low-rank adaptation via ADMM",
