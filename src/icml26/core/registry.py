@@ -57,7 +57,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("janus_lora", "adapter", "Janus-LoRA: balancing stability and plasticity of LoRA in continual learning",
               "2605.28495", "LoRA adapter with gradient rectification and decoupled margin loss", ("llm",), "done"),
     RoomEntry("annotation_anchoring", "trainer", "Annotations mitigate post-training mode collapse",
-              "2605.09995", "annotation-anchored fine-tuning trainer", ("llm",)),
+              "2605.09995", "annotation-anchored fine-tuning trainer", ("llm",), "done"),
     RoomEntry("fix_attention", "layer", "FiX: introducing fine-grained forget gate into softmax attention",
               "", "FiX/FoX forgetting attention layers", (), "done"),
     RoomEntry("csplora", "planner", "CSPLoRA: confidence-guided structural planning for LoRA",
