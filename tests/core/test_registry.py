@@ -43,12 +43,12 @@ def test_bad_entries_are_rejected():
     with pytest.raises(KeyError, match="known rooms"):
         get_room("nope")
     with pytest.raises(LookupError, match="planned"):
-        import_room("calm")
+        import_room("sherpa")
 
 
 def test_room_card_is_the_readme_or_a_stub():
     assert "AdaMeZO" in room_card("adamezo")
-    assert "Not implemented yet" in room_card("calm")
+    assert "Not implemented yet" in room_card("sherpa")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -71,7 +71,7 @@ def test_list_json_lists_19_rooms_without_importing_rooms_or_heavy_deps():
 def test_show_and_errors():
     out = _cli("show", "adamezo")
     assert out.returncode == 0 and "Fidelity" in out.stdout
-    out = _cli("reproduce", "calm", "--tier", "smoke")
+    out = _cli("reproduce", "sherpa", "--tier", "smoke")
     assert out.returncode == 2 and "planned" in out.stderr
     out = _cli("reproduce", "nope")
     assert out.returncode == 2 and "unknown room" in out.stderr

@@ -67,7 +67,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("feddtl", "trainer", "FedDTL: decoupled training with local reinforcement fine-tuning in federated learning",
               "2605.27900", "federated vision-language trainer", ("fl",)),
     RoomEntry("starembed", "science", "StarEmbed: benchmarking time-series foundation models on astronomical light curves",
-              "2510.06200", "light-curve embedding benchmark", ("astro", "tabular")),
+              "2510.06200", "light-curve embedding benchmark", ("astro", "tabular"), "done"),
     RoomEntry("lokra", "adapter", "LoKRA: low Kruskal-rank adaptation",
               "", "LoKRA and LoKRA+ adapters", ("llm",), "done"),
     RoomEntry("lockin", "probe", "Trajectory lock-in and the drift paradox in fine-tuning",
