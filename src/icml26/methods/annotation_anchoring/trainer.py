@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...models.outputs import causal_logits
 from .config import AnnotationAnchoringConfig
 
 PROMPT, ANNOTATION, RESPONSE, PAD = 0, 1, 2, -1
@@ -89,16 +90,6 @@ def collate(examples: Sequence[AnnotatedExample], config: AnnotationAnchoringCon
     for r in trained_roles(config):
         trained |= role == r
     return Batch(ids[:, :-1], ids[:, 1:], role, trained[:, 1:].float())
-
-
-def causal_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Logits (B, T, V) of ``model`` on ``ids`` (B, T), whatever the model returns."""
-    out = model(ids)
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)):
-        return out[0]
-    return out.logits
 
 
 def masked_lm_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

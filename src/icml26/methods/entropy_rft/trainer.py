@@ -15,21 +15,12 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ...models.outputs import causal_logits
 from .config import EntropyRFTConfig
 from .grpo import clip_b_keep_mask, entropy_discriminator, group_normalized_advantages, grpo_loss, logprobs_and_entropy
 
 RewardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``reward_fn(prompts (N, Tp), responses (N, L), response_mask (N, L)) -> rewards (N,)`` float."""
-
-
-def causal_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Logits (B, T, V) of ``model`` on ``ids`` (B, T), whatever the model returns."""
-    out = model(ids)
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)):
-        return out[0]
-    return out.logits
 
 
 @torch.no_grad()
