@@ -21,7 +21,7 @@ import re
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -252,6 +252,23 @@ def sample_batch(
     starts = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator)
     window = tokens[starts[:, None] + torch.arange(seq_len + 1)].long()
     return window[:, :-1], window[:, 1:]
+
+
+def lm_batches(split: TextSplit, batch_size: int, seq_len: int, n_val_batches: int, seed: int,
+               ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
+    """The fine-tuning data recipe shared by the byte-LM claims: fixed validation windows and a training sampler.
+
+    The validation windows come from a generator seeded 12345, so every seed and arm is scored on the same text;
+    training windows come from a generator seeded ``seed + 1``, so arms with the same seed see the same batches.
+
+    Returns:
+        ``(val, next_batch)``: ``n_val_batches`` pairs ``(x, y)`` of shape (batch_size, seq_len) from ``split.val``,
+        and a function drawing the next training pair from ``split.train``.
+    """
+    val_gen = torch.Generator().manual_seed(12345)
+    val = [sample_batch(split.val, batch_size, seq_len, val_gen) for _ in range(n_val_batches)]
+    train_gen = torch.Generator().manual_seed(seed + 1)
+    return val, lambda: sample_batch(split.train, batch_size, seq_len, train_gen)
 
 
 @functools.lru_cache(maxsize=None)

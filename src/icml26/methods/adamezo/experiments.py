@@ -118,21 +118,18 @@ def _pretrained_state(d_model: int, n_layers: int, n_heads: int, seq_len: int, c
 
 def tiny_lm_task(config: Mapping[str, Any], seed: int) -> Task:
     """Zeroth-order fine-tuning of a Shakespeare-pretrained byte LM on Python source (a domain shift)."""
-    from ...data.text import load_corpus, sample_batch
+    from ...data.text import lm_batches, load_corpus
     from ...models.tiny_lm import TinyLM
 
     state = _pretrained_state(config["d_model"], config["n_layers"], config["n_heads"], config["seq_len"],
                               config["pretrain_corpus"], config["pretrain_steps"])
     model = TinyLM(_lm_config(config))
     model.load_state_dict(state)
-    split = load_corpus(config["finetune_corpus"])
-    val_gen = torch.Generator().manual_seed(12345)
-    val_batches = [sample_batch(split.val, config["batch_size"], config["seq_len"], val_gen)
-                   for _ in range(config["n_val_batches"])]
-    batch_gen = torch.Generator().manual_seed(seed + 1)
+    val_batches, next_batch = lm_batches(load_corpus(config["finetune_corpus"]), config["batch_size"],
+                                         config["seq_len"], config["n_val_batches"], seed)
 
     def batch(step: int):
-        return sample_batch(split.train, config["batch_size"], config["seq_len"], batch_gen)
+        return next_batch()
 
     def loss(m: nn.Module, b) -> torch.Tensor:
         return m(b[0], b[1])[1]

@@ -77,15 +77,12 @@ def lr_at(step: int, config: Mapping[str, Any]) -> float:
 
 def train_arm(arm: str, config: Mapping[str, Any], seed: int) -> dict:
     """Train one arm; returns its validation curve, final metrics, parameter counts and mixing diagnostics."""
-    from ...data.text import load_corpus, sample_batch
+    from ...data.text import lm_batches, load_corpus
 
-    split = load_corpus(config["corpus"])
     model = build_model(arm, config, seed)
     opt = _optimizer(model, config)
-    val_gen = torch.Generator().manual_seed(12345)
-    val = [sample_batch(split.val, config["batch_size"], config["seq_len"], val_gen)
-           for _ in range(config["n_val_batches"])]
-    batch_gen = torch.Generator().manual_seed(seed + 1)
+    val, next_batch = lm_batches(load_corpus(config["corpus"]), config["batch_size"], config["seq_len"],
+                                 config["n_val_batches"], seed)
 
     def val_loss() -> float:
         model.eval()
@@ -97,7 +94,7 @@ def train_arm(arm: str, config: Mapping[str, Any], seed: int) -> dict:
     curve = [[0, val_loss()]]
     step_times = []
     for step in range(config["steps"]):
-        x, y = sample_batch(split.train, config["batch_size"], config["seq_len"], batch_gen)
+        x, y = next_batch()
         start = time.perf_counter()
         for group in opt.param_groups:
             group["lr"] = lr_at(step, config)

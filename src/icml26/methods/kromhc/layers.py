@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...models.tiny_lm import AddBranch  # the plain residual that the reduction switch produces
 from .config import check_num_streams
 from .fast import NORM_EPS, DepthConnection, NormedProjection, StreamMix
 
@@ -377,17 +378,6 @@ def parameter_count(kind: str, num_streams: int, dim: int) -> int:
         k = int(math.log2(n))
         return n * c * (2 * n + 1 + 2 * k) + 2 * n + 2 * k + 3
     raise ValueError(f"unknown kind {kind!r}")
-
-
-class AddBranch(nn.Module):
-    """``stream + branch(stream, **kw)``: the plain residual that the reduction switch produces."""
-
-    def __init__(self, branch: nn.Module) -> None:
-        super().__init__()
-        self.branch = branch
-
-    def forward(self, stream: torch.Tensor, **kw: Any) -> torch.Tensor:
-        return stream + self.branch(stream, **kw)
 
 
 _SUBLAYER_SLOT = {"attn": 0, "mlp": 1}

@@ -188,21 +188,18 @@ def _tiny_lm_state(d_model: int, n_layers: int, n_heads: int, seq_len: int, step
 
 def tiny_lm_task(config: Mapping[str, Any], seed: int, arm: str) -> Task:
     """Adapters on the attention projections of a Shakespeare byte LM, trained on Python source."""
-    from ...data.text import load_corpus, sample_batch
+    from ...data.text import lm_batches, load_corpus
     from ...models.tiny_lm import TinyLM, TinyLMConfig
 
     sizes = (config["d_model"], config["n_layers"], config["n_heads"], config["seq_len"])
     model = TinyLM(TinyLMConfig(d_model=sizes[0], n_layers=sizes[1], n_heads=sizes[2], max_seq_len=sizes[3]))
     model.load_state_dict(_tiny_lm_state(*sizes, config["pretrain_steps"]))
     _inject(model, arm, config, seed)
-    split = load_corpus("python_stdlib")
-    val_gen = torch.Generator().manual_seed(12345)
-    val = [sample_batch(split.val, config["batch_size"], config["seq_len"], val_gen)
-           for _ in range(config["n_val_batches"])]
-    batch_gen = torch.Generator().manual_seed(seed + 1)
+    val, next_batch = lm_batches(load_corpus("python_stdlib"), config["batch_size"], config["seq_len"],
+                                 config["n_val_batches"], seed)
 
     def batch(step: int):
-        return sample_batch(split.train, config["batch_size"], config["seq_len"], batch_gen)
+        return next_batch()
 
     def loss(m: nn.Module, b) -> torch.Tensor:
         return m(b[0], b[1])[1]
