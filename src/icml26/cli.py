@@ -38,9 +38,16 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         if room.status == "planned":
             print(f"error: room {name!r} is planned but not implemented yet", file=sys.stderr)
             return 2
+    problem = _unwritable(Path(args.out))
+    if problem:
+        print(f"error: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     try:
         results = reproduce(args.rooms or None, args.tier, Path(args.out), n_seeds=args.seeds, force=args.force,
                             spec_ids=args.spec)
+    except ValueError as err:  # an unknown --spec, an unreadable result file: said in one line
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("\ninterrupted: unfinished results are marked 'cancelled' and resume on the next run", file=sys.stderr)
         return 130
@@ -50,6 +57,20 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         page, _ = write_report(Path(args.out))
         print(f"report: {page}")
     return 0
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why results cannot be written under ``out`` (None when they can), checked before anything runs."""
+    if out.exists() and not out.is_dir():
+        return "is a file, not a directory"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".icml26-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        return f"cannot be written ({err.strerror or err})"
+    return None
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from icml26.harness.report import write_report
-from icml26.harness.runner import run_spec
-from icml26.harness.spec import Comparator, ExperimentSpec, judge
+from icml26.harness.runner import ResultFileError, run_spec
+from icml26.harness.spec import Comparator, ExperimentSpec, MechanismCheck, judge
 
 CMP = Comparator("gain", ">=", 0.5, "gain >= 0.5")
 
@@ -40,7 +40,9 @@ def test_result_file_has_provenance_metrics_and_verdict(tmp_path):
     assert on_disk["arms"]["method"]["loss"]["mean"] == pytest.approx(0.89)
     assert on_disk["statistics"]["gain"]["std"] == pytest.approx(0.1)
     assert on_disk["wall_time_s"] >= 0 and on_disk["peak_rss_bytes"] > 0
-    assert "2/3" in on_disk["verdict_rule"] and (tmp_path / "toyroom" / "toy.png").exists()
+    assert "Student t" in on_disk["verdict_rule"] and (tmp_path / "toyroom" / "toy.png").exists()
+    assert on_disk["bound"]["confidence"] == 0.9 and on_disk["bound"]["lower"] > 0.5
+    assert {"threads", "device", "cpu_count"} <= set(on_disk["run_info"])
 
 
 def test_complete_results_are_skipped_unless_forced(tmp_path):
@@ -92,16 +94,66 @@ def test_prepare_runs_once_and_is_stored(tmp_path):
 
 
 @pytest.mark.parametrize("values, tier, verdict", [
-    ([0.6, 0.7, 0.8], "quick", "reproduced"),
-    ([0.1, 0.2, 0.9], "quick", "not_reproduced"),
-    ([0.6, 0.4, 0.7], "quick", "reproduced"),  # the mean and 2 of 3 seeds pass
-    ([0.9, 0.45, 0.45], "quick", "inconclusive"),
+    ([0.6, 0.7, 0.8], "quick", "reproduced"),       # lower 90% bound 0.62 > 0.5
+    ([0.1, 0.2, 0.3], "quick", "not_reproduced"),   # upper bound 0.28 < 0.5
+    ([0.1, 0.2, 0.9], "quick", "inconclusive"),     # mean fails, but the seeds are too spread to exclude 0.5
+    ([0.6, 0.4, 0.7], "quick", "inconclusive"),     # mean passes, lower bound 0.45 does not
     ([0.9, 0.9, 0.9], "smoke", "inconclusive"),
     ([0.9], "quick", "inconclusive"),
-    ([float("nan"), 0.9], "quick", "inconclusive"),
+    ([float("nan"), 0.9, 0.9], "quick", "inconclusive"),
 ])
 def test_verdict_rule(values, tier, verdict):
-    assert judge(CMP, values, tier)[0] == verdict
+    assert judge(CMP, values, tier)["verdict"] == verdict
+
+
+def test_verdict_bound_is_the_student_t_bound():
+    out = judge(CMP, [0.6, 0.7, 0.8], "quick")
+    # mean 0.7, std 0.1, t(0.9, 2) = 1.8856: bounds 0.7 -/+ 1.8856 * 0.1 / sqrt(3)
+    assert out["lower"] == pytest.approx(0.7 - 0.108866, abs=1e-5)
+    assert out["upper"] == pytest.approx(0.7 + 0.108866, abs=1e-5)
+    less = Comparator("loss", "<=", 0.5, "loss <= 0.5")
+    assert judge(less, [0.1, 0.2, 0.3], "quick")["verdict"] == "reproduced"
+    assert judge(less, [0.6, 0.7, 0.8], "quick")["verdict"] == "not_reproduced"
+
+
+@pytest.mark.parametrize("values", [[0.6, 0.7, 0.8], [0.1, 0.2, 0.3]])
+def test_a_failed_mechanism_check_can_only_give_inconclusive(values):
+    failed = [MechanismCheck("clip_fraction", ">=", 0.01, "Clip_B clipped tokens").evaluate([0.0, 0.02, 0.0])]
+    assert failed[0]["passed"] is False
+    out = judge(CMP, values, "quick", checks=failed)
+    assert out["verdict"] == "inconclusive" and out["rule"].startswith("mechanism did not act: clip_fraction")
+    assert out["failed_checks"] == ["clip_fraction"]
+
+
+def test_mechanism_check_reductions_and_missing_values():
+    check = MechanismCheck("moved", ">", 0.1, "mixing moved")
+    assert check.evaluate([0.2, 0.3])["passed"] and not check.evaluate([0.2, 0.05])["passed"]
+    assert not check.evaluate([0.2, float("nan")])["passed"] and not check.evaluate([])["passed"]
+    assert MechanismCheck("moved", ">", 0.1, "", reduce="mean").evaluate([0.25, 0.0])["passed"]
+    with pytest.raises(ValueError, match="reduce"):
+        MechanismCheck("x", ">", 0, "", reduce="median")
+
+
+def test_runner_records_checks_and_turns_a_failed_one_into_inconclusive(tmp_path):
+    def run(config, seed, prepared):
+        return {"arms": {"method": {"x": 1.0}, "baseline": {"x": 0.0}}, "statistics": {"gain": 1.0 + 0.1 * seed},
+                "checks": {"acted": 0.0 if seed == 1 else 1.0}}
+
+    res = run_spec(_spec(run, checks=(MechanismCheck("acted", ">", 0.5, "the mechanism acted"),)), "quick", tmp_path)
+    assert res["verdict"] == "inconclusive" and "mechanism did not act" in res["verdict_rule"]
+    assert res["mechanism_checks"][0]["values"] == [1.0, 0.0, 1.0]
+    assert "✗ acted" in write_report(tmp_path)[1].read_text()
+
+
+def test_null_value_that_the_comparator_accepts_is_refused():
+    with pytest.raises(ValueError, match="null value"):
+        _spec(_toy_run([]), null_value=0.6)
+    assert _spec(_toy_run([]), null_value=0.0).null_value == 0.0
+
+
+def test_judged_tiers_need_three_seeds():
+    with pytest.raises(ValueError, match="at least"):
+        _spec(_toy_run([]), seeds={"smoke": 1, "quick": 2})
 
 
 def test_spec_and_override_validation(tmp_path):
@@ -117,13 +169,58 @@ def test_spec_and_override_validation(tmp_path):
         run_spec(_spec(_toy_run([])), "full", tmp_path)
 
 
-def test_report_has_a_row_and_a_plot_per_claim(tmp_path):
+def test_report_has_a_summary_picture_and_a_row_and_a_plot_per_claim(tmp_path):
     run_spec(_spec(_toy_run([])), "quick", tmp_path)
     run_spec(_spec(_toy_run([]), id="toy2", claim="second claim"), "smoke", tmp_path)
     page, md = write_report(tmp_path)
     text = md.read_text()
     assert text.count("| toyroom |") == 2 and "**reproduced**" in text and "**inconclusive**" in text
+    assert "`toy2`" in text and ">= 0.5" in text and "90% one-sided bounds" in text
+    assert "gain = 1 (n=1)" in text  # a single seed prints no "± 0"
     html = page.read_text()
-    assert html.count("data:image/png;base64,") == 2 and "second claim" in html
+    assert html.count("data:image/png;base64,") == 3 and "second claim" in html  # summary + two claims
+    assert (tmp_path / "summary.png").exists()
     with pytest.raises(FileNotFoundError):
         write_report(tmp_path / "empty")
+
+
+def test_corrupt_result_file_is_named_and_replaced_with_force(tmp_path):
+    spec = _spec(_toy_run([]))
+    path = tmp_path / "toyroom" / "toy.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"spec": "toy", "status": "runn')
+    with pytest.raises(ResultFileError, match="toy.json"):
+        run_spec(spec, "quick", tmp_path)
+    run_spec(_spec(_toy_run([]), id="other"), "quick", tmp_path)
+    page, md = write_report(tmp_path)
+    assert "Unreadable result file" in md.read_text() and "toy.json" in page.read_text()
+    assert run_spec(spec, "quick", tmp_path, force=True)["status"] == "complete"
+    assert json.loads(path.read_text())["verdict"] == "reproduced"
+
+
+def test_resumed_run_logs_no_seed_twice(tmp_path):
+    from icml26.core.logging import log_metrics, read_jsonl
+
+    state = {"interrupt": True}
+
+    def run(config, seed, prepared):
+        log_metrics(0, loss=float(seed))
+        if seed == 1 and state.pop("interrupt", False):
+            raise KeyboardInterrupt
+        return {"arms": {"method": {"x": 1.0}, "baseline": {"x": 0.0}}, "statistics": {"gain": 1.0}}
+
+    spec = _spec(run)
+    with pytest.raises(KeyboardInterrupt):
+        run_spec(spec, "quick", tmp_path)
+    run_spec(spec, "quick", tmp_path)
+    records = read_jsonl(tmp_path / "toyroom" / "toy.metrics.jsonl")
+    assert sorted(r["seed"] for r in records) == [0, 1, 2]
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    from icml26.cli import main
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert main(["reproduce", "salaad", "--tier", "smoke", "--out", str(afile)]) == 2
+    assert main(["reproduce", "salaad", "--tier", "smoke", "--out", str(tmp_path / "r"), "--spec", "nope"]) == 2

@@ -24,9 +24,10 @@ class JsonlLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._handle = open(self.path, "a")
         self._start = time.perf_counter()
+        self.tags: dict[str, Any] = {}  # merged into every record, e.g. {"seed": 2} set by the runner
 
     def log(self, step: int, **metrics: Any) -> None:
-        record = {"step": step, "time": round(time.perf_counter() - self._start, 4), **metrics}
+        record = {"step": step, "time": round(time.perf_counter() - self._start, 4), **self.tags, **metrics}
         self._handle.write(json.dumps(_jsonable(record)) + "\n")
         self._handle.flush()
 

@@ -14,6 +14,7 @@ def plot_mean_curves(result: dict, ax, *, xlabel: str, ylabel: str = "validation
         skip_first: leave out each curve's first point (e.g. the untrained model's loss, which hides the rest).
     """
     seeds = result["seed_results"]
+    drawn: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for arm in result["arms_order"]:
         runs = [r["curves"][arm] for r in seeds if arm in r.get("curves", {})]
         if not runs:
@@ -21,8 +22,11 @@ def plot_mean_curves(result: dict, ax, *, xlabel: str, ylabel: str = "validation
         n = min(len(r) for r in runs)
         start = 1 if skip_first else 0
         x = np.array([p[0] for p in runs[0][start:n]], dtype=float)
-        y = np.array([[p[1] for p in r[start:n]] for r in runs], dtype=float)
-        ax.plot(x, y.mean(0), label=arm)
+        y = np.array([[p[1] for p in r[start:n]] for r in runs], dtype=float).mean(0)
+        drawn[arm] = (x, y)
+    hidden = hidden_arms(drawn)
+    for arm, (x, y) in drawn.items():
+        ax.plot(x, y, label=f"{arm} (under {hidden[arm]})" if arm in hidden else arm)
     if target is not None:
         ax.axhline(float(np.mean([r["statistics"][target] for r in seeds])), color="k", ls=":", lw=1,
                    label=target_label)
@@ -31,3 +35,20 @@ def plot_mean_curves(result: dict, ax, *, xlabel: str, ylabel: str = "validation
     if log_y:
         ax.set_yscale("log")
     ax.legend(fontsize=8)
+
+
+def hidden_arms(curves: dict[str, tuple[np.ndarray, np.ndarray]], rtol: float = 1e-3) -> dict[str, str]:
+    """Arms whose curve lies on an earlier-drawn arm's curve (within ``rtol`` of the plotted range), mapped to
+    that arm: the legend names them, since a reader cannot see a line drawn under another one."""
+    hidden, names = {}, list(curves)
+    for i, arm in enumerate(names):
+        x, y = curves[arm]
+        for other in names[i + 1:]:
+            ox, oy = curves[other]
+            if other in hidden or ox.shape != x.shape or not np.allclose(ox, x):
+                continue
+            span = float(np.nanmax(y) - np.nanmin(y)) if y.size else 0.0
+            if np.allclose(oy, y, rtol=0, atol=rtol * max(span, 1e-12), equal_nan=True):
+                hidden[arm] = other
+                break
+    return hidden

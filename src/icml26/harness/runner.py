@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -20,13 +21,20 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..core.io import atomic_write_bytes, atomic_write_json, read_json
-from ..core.logging import metric_log
+from ..core.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from ..core.logging import metric_log, read_jsonl
 from ..core.memory import PeakRSS
 from ..core.progress import progress
 from ..core.registry import ROOMS, get_room, import_room
 from .spec import TIERS, ExperimentSpec, judge
+from .tuning import tuning_check
 
+
+class ResultFileError(ValueError):
+    """A result file that cannot be read back (truncated, corrupt, or not a result)."""
+
+HARNESS_VERSION = 2
+"""Bumped when the verdict rule or the result layout changes, so older result files are rerun, not resumed."""
 _VERSIONED = ("torch", "numpy", "transformers", "peft", "scikit-learn", "gymnasium", "flwr", "icml26")
 
 
@@ -48,6 +56,7 @@ def run_info(config: dict, tier: str, seeds: list[int]) -> dict:
         except metadata.PackageNotFoundError:
             continue
     status = _git("status", "--porcelain")  # untracked (not ignored) files count: new code makes a tree dirty
+    torch = sys.modules.get("torch")  # only read when a room already imported it
     return {
         "git_sha": _git("rev-parse", "HEAD") or "unknown",
         "git_dirty": bool(status) if status is not None else None,
@@ -58,7 +67,30 @@ def run_info(config: dict, tier: str, seeds: list[int]) -> dict:
         "tier": tier,
         "seeds": seeds,
         "config": config,
+        "threads": torch.get_num_threads() if torch is not None else None,
+        "thread_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
+        "cpu_count": os.cpu_count(),
+        "device": _device(torch),
     }
+
+
+def _device(torch) -> str:
+    """The accelerator the run could use ("cpu" when none); rooms pick their device from the same test."""
+    if torch is not None and torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name(0)})"
+    return "cpu"
+
+
+def read_result(path: Path) -> dict:
+    """A result file's contents; a truncated or corrupt file raises :class:`ResultFileError` naming it."""
+    try:
+        data = read_json(path)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ResultFileError(f"result file {path} is unreadable ({err}); rerun with --force to replace it") from err
+    if not isinstance(data, dict) or "spec" not in data or "comparator" not in data:
+        raise ResultFileError(f"result file {path} is not an icml26 result (no 'spec'/'comparator'); rerun with "
+                              f"--force to replace it")
+    return data
 
 
 def config_hash(config: dict) -> str:
@@ -134,9 +166,14 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
         raise ValueError(f"spec {spec.id!r} has no config field(s) {sorted(unknown)}; fields: {sorted(spec.tiers[tier])}")
     seeds = list(range(n_seeds if n_seeds is not None else spec.seeds[tier]))
     path = result_path(out, spec)
-    key = config_hash({"config": config, "tier": tier})
+    key = config_hash({"config": config, "tier": tier, "harness": HARNESS_VERSION})
 
-    previous = read_json(path) if path.exists() else None
+    try:
+        previous = read_result(path) if path.exists() else None
+    except ResultFileError:
+        if not force:
+            raise
+        previous = None
     if previous and previous.get("config_hash") == key and previous.get("seeds") == seeds:
         if previous.get("status") == "complete" and not force:
             return previous
@@ -163,16 +200,21 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                       wall_time_s=earlier_wall + time.perf_counter() - start)
         atomic_write_json(path, result)
 
-    # Per-step metrics of every arm go to SPEC_ID.metrics.jsonl; a fresh (not resumed) run starts it anew.
+    # Per-step metrics of every arm go to SPEC_ID.metrics.jsonl, each record tagged with its seed (or the
+    # prepare phase). A resumed run keeps only the records of what it keeps, so no seed is logged twice.
     metrics_path = path.with_suffix(".metrics.jsonl")
-    if not done and metrics_path.exists():
-        metrics_path.unlink()
+    if metrics_path.exists():
+        kept = [r for r in read_jsonl(metrics_path)
+                if r.get("seed") in done or (r.get("phase") == "prepare" and prepared is not None)]
+        atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     try:
-        with PeakRSS() as mem, metric_log(metrics_path):
+        with PeakRSS() as mem, metric_log(metrics_path) as logger:
             if spec.prepare is not None and prepared is None:
+                logger.tags = {"phase": "prepare"}
                 result["prepared"] = prepared = spec.prepare(config)
                 write("running")
             for seed in progress([s for s in seeds if s not in done], desc=f"{spec.room}/{spec.id} [{tier}] seeds"):
+                logger.tags = {"seed": seed}
                 res = spec.run(config, seed, prepared)
                 res["seed"] = seed
                 seed_results.append(res)
@@ -184,11 +226,21 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
         write("cancelled")
         raise
     values = [r["statistics"].get(spec.comparator.statistic, float("nan")) for r in seed_results]
-    result["verdict"], result["verdict_rule"] = judge(spec.comparator, values, tier)
+    result["mechanism_checks"] = evaluate_checks(spec, seed_results, prepared)
+    verdict = judge(spec.comparator, values, tier, checks=result["mechanism_checks"])
+    result["verdict"], result["verdict_rule"] = verdict.pop("verdict"), verdict.pop("rule")
+    result["bound"] = verdict
     write("complete")
     result["plot"] = _plot(spec, result, path.with_suffix(".png"))
     atomic_write_json(path, result)
     return result
+
+
+def evaluate_checks(spec: ExperimentSpec, seed_results: list[dict], prepared: Any) -> list[dict]:
+    """The spec's declared mechanism checks on the per-seed ``checks`` values, plus the tuning check."""
+    checks = [c.evaluate([r.get("checks", {}).get(c.name, float("nan")) for r in seed_results]) for c in spec.checks]
+    tuned = tuning_check(prepared)
+    return checks + ([tuned] if tuned is not None else [])
 
 
 def specs_for(room: str) -> list[ExperimentSpec]:
@@ -210,10 +262,10 @@ def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int
     """Run every spec of ``rooms`` (all implemented rooms when None) and return their results."""
     names = list(rooms) if rooms else reproducible_rooms()
     wanted = set(spec_ids or [])
-    results = []
-    for name in names:
-        for spec in specs_for(name):
-            if (wanted and spec.id not in wanted) or tier not in spec.tiers:
-                continue
-            results.append(run_spec(spec, tier, out, n_seeds=n_seeds, force=force))
-    return results
+    chosen = [spec for name in names for spec in specs_for(name)]
+    unknown = wanted - {spec.id for spec in chosen}
+    if unknown:
+        raise ValueError(f"unknown --spec {', '.join(sorted(unknown))}; the specs of {', '.join(names)} are: "
+                         f"{', '.join(spec.id for spec in chosen)}")
+    return [run_spec(spec, tier, out, n_seeds=n_seeds, force=force) for spec in chosen
+            if (not wanted or spec.id in wanted) and tier in spec.tiers]

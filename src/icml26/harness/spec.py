@@ -7,8 +7,14 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .stats import mean_and_bounds
+
 TIERS = ("smoke", "quick", "full")
 VERDICTS = ("reproduced", "not_reproduced", "inconclusive")
+CONFIDENCE = 0.9
+"""One-sided confidence of the bound that decides every verdict (Student t on the per-seed statistic)."""
+MIN_SEEDS = {"quick": 3, "full": 3}
+"""Fewest reported seeds a judged tier may declare; five or more where a seed costs under a minute."""
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt,
@@ -36,7 +42,46 @@ class Comparator:
             raise ValueError(f"Comparator.op must be one of {sorted(_OPS)}, got {self.op!r}")
 
     def holds(self, value: float) -> bool:
-        return math.isfinite(value) and _OPS[self.op](value, self.threshold)
+        return isinstance(value, (int, float)) and math.isfinite(value) and _OPS[self.op](value, self.threshold)
+
+    @property
+    def larger_is_better(self) -> bool:
+        return self.op in (">=", ">")
+
+
+@dataclass(frozen=True)
+class MechanismCheck:
+    """A condition under which the claim is testable at all, e.g. ``MechanismCheck("clip_fraction", ">=", 0.01,
+    "Clip_B clipped at least 1% of tokens")``.
+
+    The spec's ``run`` reports the value per seed under ``"checks"`` (``{"checks": {"clip_fraction": 0.03}}``).
+    The check passes only when it holds on every reported seed (``reduce="all"``) or on the seed mean
+    (``reduce="mean"``); a failed check makes the verdict *inconclusive* whatever the statistic says.
+    """
+
+    name: str
+    op: str
+    threshold: float
+    description: str
+    reduce: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS:
+            raise ValueError(f"MechanismCheck.op must be one of {sorted(_OPS)}, got {self.op!r}")
+        if self.reduce not in ("all", "mean"):
+            raise ValueError(f"MechanismCheck.reduce must be 'all' or 'mean', got {self.reduce!r}")
+
+    def evaluate(self, values: list[float]) -> dict:
+        """``{"name", "description", "values", "passed"}`` for the per-seed ``values`` (missing ones fail)."""
+        finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+        if not values or len(finite) < len(values):
+            passed = False
+        elif self.reduce == "mean":
+            passed = _OPS[self.op](sum(finite) / len(finite), self.threshold)
+        else:
+            passed = all(_OPS[self.op](v, self.threshold) for v in finite)
+        return {"name": self.name, "description": self.description, "rule": f"{self.reduce} {self.op} "
+                f"{self.threshold:g}", "values": values, "passed": bool(passed)}
 
 
 SeedRun = Callable[[Mapping[str, Any], int, Any], dict]
@@ -65,6 +110,11 @@ class ExperimentSpec:
             tuning seed, identical for all arms); its JSON-able output is stored and passed to ``run``.
         plot: optional ``plot(result, ax)`` drawing the claim's figure from a result dict.
         notes: anything a reader of the result must know (what is reduced relative to the paper).
+        checks: the mechanism checks, declared before the run (see :class:`MechanismCheck`). Tuning done with
+            :func:`icml26.harness.tuning.tune_per_arm` and stored under ``prepared["tuning"]`` adds its own
+            check (every tuned arm's choice is inside its grid).
+        null_value: the statistic's value when the method arm is switched back to the baseline (0 for a gain,
+            1 for a ratio). The comparator must reject it; ``tests/claims`` checks that for every spec.
     """
 
     id: str
@@ -81,6 +131,8 @@ class ExperimentSpec:
     prepare: Callable[[Mapping[str, Any]], dict] | None = None
     plot: Callable[[dict, Any], None] | None = None
     notes: str = ""
+    checks: tuple[MechanismCheck, ...] = ()
+    null_value: float | None = None
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tiers if t not in TIERS]
@@ -91,29 +143,54 @@ class ExperimentSpec:
             raise ValueError(f"spec {self.id!r}: baseline {self.baseline!r} is not one of its arms {self.arms}")
         if any(self.seeds.get(t, 0) < 1 for t in self.tiers):
             raise ValueError(f"spec {self.id!r}: every tier needs at least one seed, got {dict(self.seeds)}")
+        few = {t: self.seeds.get(t) for t in self.tiers if self.seeds.get(t, 0) < MIN_SEEDS.get(t, 1)}
+        if few:
+            raise ValueError(f"spec {self.id!r}: judged tiers need at least {MIN_SEEDS} seeds, got {few}")
+        names = [c.name for c in self.checks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"spec {self.id!r}: mechanism check names must be unique, got {names}")
+        if self.null_value is not None and self.comparator.holds(self.null_value):
+            raise ValueError(f"spec {self.id!r}: the comparator '{self.comparator.op} {self.comparator.threshold:g}' "
+                             f"accepts the null value {self.null_value:g} (method switched back to the baseline), "
+                             f"so the claim could pass without any effect")
 
 
-def judge(comparator: Comparator, values: list[float], tier: str) -> tuple[str, str]:
-    """Turn per-seed statistic values into a verdict and the sentence of the rule that produced it.
+def judge(comparator: Comparator, values: list[float], tier: str, *, checks: list[dict] | None = None,
+          confidence: float = CONFIDENCE) -> dict:
+    """Turn per-seed statistic values into a verdict, with the bound and the sentence of the rule behind it.
 
-    The rule (fixed for every claim): at the smoke tier nothing is judged; with fewer than two finite seeds the
-    result is inconclusive; otherwise the claim is *reproduced* when the mean satisfies the comparator and at least
-    two thirds of the seeds do, *not reproduced* when the mean fails and at most one third of the seeds pass, and
-    *inconclusive* in between.
+    The rule, fixed for every claim: at the smoke tier nothing is judged. Otherwise a one-sided Student t bound
+    at ``confidence`` is put on the mean of the per-seed statistic, on each side. The claim is *reproduced* only
+    when the bound on the unfavourable side still satisfies the comparator (for ``>=``: the lower bound is above
+    the threshold), *not reproduced* only when the bound on the favourable side fails it (the upper bound is
+    below the threshold), and *inconclusive* otherwise. Any failed mechanism check, a non-finite seed value, or
+    fewer than two seeds makes it inconclusive.
+
+    Returns ``{"verdict", "rule", "confidence", "n", "mean", "std", "lower", "upper", "failed_checks"}``.
     """
+    out: dict = {"confidence": confidence, "n": len(values), "mean": None, "std": None, "lower": None,
+                 "upper": None, "failed_checks": [c["name"] for c in (checks or []) if not c["passed"]]}
+    name, target = comparator.statistic, f"{comparator.op} {comparator.threshold:g}"
     if tier == "smoke":
-        return "inconclusive", "smoke tier: checks that the experiment runs end to end, not the claim"
-    finite = [v for v in values if math.isfinite(v)]
-    if len(finite) < 2:
-        return "inconclusive", f"only {len(finite)} finite seed value(s) of '{comparator.statistic}'; need at least 2"
-    mean = sum(finite) / len(finite)
-    passing = sum(comparator.holds(v) for v in finite)
-    frac = passing / len(finite)
-    rule = (f"mean {comparator.statistic} = {mean:.4g} {'satisfies' if comparator.holds(mean) else 'fails'} "
-            f"'{comparator.op} {comparator.threshold:g}'; {passing}/{len(finite)} seeds pass "
-            f"(reproduced: mean passes and >= 2/3 of seeds; not reproduced: mean fails and <= 1/3 of seeds)")
-    if comparator.holds(mean) and frac >= 2 / 3:
-        return "reproduced", rule
-    if not comparator.holds(mean) and frac <= 1 / 3:
-        return "not_reproduced", rule
-    return "inconclusive", rule
+        return {**out, "verdict": "inconclusive",
+                "rule": "smoke tier: checks that the experiment runs end to end, not the claim"}
+    finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(finite) < len(values) or len(finite) < 2:
+        return {**out, "verdict": "inconclusive",
+                "rule": f"{len(finite)} finite of {len(values)} seed value(s) of '{name}'; every seed must be finite "
+                        f"and at least 2 are needed for a bound"}
+    mean, std, lower, upper = mean_and_bounds(finite, confidence)
+    out.update(mean=mean, std=std, lower=lower, upper=upper)
+    unfavourable, favourable = (lower, upper) if comparator.larger_is_better else (upper, lower)
+    pct = f"{100 * confidence:g}%"
+    rule = (f"{name} = {mean:.4g} (n={len(finite)}, one-sided {pct} Student t bounds [{lower:.4g}, {upper:.4g}]) "
+            f"against '{target}': reproduced when the {pct} bound on the unfavourable side satisfies it, not "
+            f"reproduced when the bound on the favourable side fails it")
+    if out["failed_checks"]:
+        failed = "; ".join(f"{c['name']} ({c['description']}; values {c['values']})" for c in checks if not c["passed"])
+        return {**out, "verdict": "inconclusive", "rule": f"mechanism did not act: {failed}. {rule}"}
+    if comparator.holds(unfavourable):
+        return {**out, "verdict": "reproduced", "rule": rule}
+    if not comparator.holds(favourable):
+        return {**out, "verdict": "not_reproduced", "rule": rule}
+    return {**out, "verdict": "inconclusive", "rule": rule}

@@ -1,0 +1,152 @@
+"""The one tuning rule every arm of every claim goes through: a grid of the same size around each arm's own
+natural scale, scored on tuning seeds that are never reported, extended at the edge until the choice is interior.
+
+Why per arm: an SGD-style and an Adam-style update do not share a natural learning rate, so one shared grid
+tunes one of them at its edge. Why extension: a choice on the grid's edge means the best value may lie outside,
+so that arm would be under-tuned; the grid grows by its own pre-declared step on that side until the choice is
+interior, or ``max_extensions`` is spent (then the spec's verdict is inconclusive by a mechanism check).
+
+Use from a spec's ``prepare``::
+
+    grids = {"adamezo": LogGrid(center=1e-3), "mezo": LogGrid(center=1e-5)}
+    tuning = tune_per_arm(grids, lambda arm, lr, seed: train(arm, lr, seed)["val_loss"], mode="min")
+    return {"tuning": tuning}        # the runner turns tuning["on_edge"] into a mechanism check
+    ...
+    lr = prepared["tuning"]["chosen"][arm]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+from ..core.progress import progress
+
+TUNING_SEEDS = (1000,)
+"""Seeds used for tuning only; reported seeds are 0..n-1, so no tuning seed is ever reported."""
+
+
+@dataclass(frozen=True)
+class LogGrid:
+    """``size`` values ``center * factor**k`` (k symmetric around 0), extended by ``factor`` at an edge.
+
+    Attributes:
+        center: the arm's natural scale (its usual learning rate, say).
+        factor: the step between grid points (pre-declared, also the extension step).
+        size: number of points before any extension; equal for every arm of a claim (equal budget).
+        lower, upper: hard limits (e.g. a rate cannot exceed 1); a choice at a hard limit counts as interior.
+    """
+
+    center: float
+    factor: float = 3.0
+    size: int = 3
+    lower: float = 0.0
+    upper: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not (self.center > 0 and math.isfinite(self.center)):
+            raise ValueError(f"LogGrid.center must be a positive finite number, got {self.center}")
+        if not self.factor > 1:
+            raise ValueError(f"LogGrid.factor must be > 1, got {self.factor}")
+        if self.size < 1:
+            raise ValueError(f"LogGrid.size must be >= 1, got {self.size}")
+
+    def points(self) -> list[float]:
+        first = -(self.size - 1) / 2
+        values = [self.center * self.factor ** (first + i) for i in range(self.size)]
+        return [v for v in values if self.lower <= v <= self.upper]
+
+    def beyond(self, value: float, direction: int) -> float | None:
+        """The next point past ``value`` (direction -1: smaller, +1: larger), or None past a hard limit."""
+        nxt = value * self.factor ** direction
+        return nxt if self.lower <= nxt <= self.upper else None
+
+
+@dataclass(frozen=True)
+class ListGrid:
+    """An explicit ordered list of options (e.g. ranks, or a reconstructed part's variants); no extension."""
+
+    values: tuple
+
+    def points(self) -> list:
+        return list(self.values)
+
+    def beyond(self, value, direction: int):
+        return None
+
+
+def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, float, int], float], *,
+                 mode: str = "min", seeds: Iterable[int] = TUNING_SEEDS, max_extensions: int = 2,
+                 desc: str = "tuning") -> dict:
+    """Choose one value per arm by the same rule for every arm.
+
+    Args:
+        grids: arm -> its grid around its own natural scale. ``LogGrid`` sizes must be equal (equal budget).
+        score: ``score(arm, value, seed) -> float``, e.g. the validation loss after the full training budget.
+            Non-finite scores (divergence) lose.
+        mode: "min" or "max": which score is better.
+        seeds: tuning seeds; the score of a value is its mean over them.
+        max_extensions: how many times one arm's grid may grow past an edge.
+
+    Returns a JSON-able dict: ``chosen`` (arm -> value), ``scores`` (arm -> {repr(value): mean score}),
+    ``on_edge`` (arms whose choice is still on a grid edge after the extensions), ``evaluations`` (arm -> how
+    many values were scored), ``seeds`` and the ``rule`` in words.
+    """
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    sizes = {arm: g.size for arm, g in grids.items() if isinstance(g, LogGrid)}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"every arm needs a grid of the same size (equal tuning budget), got {sizes}")
+    seeds = tuple(seeds)
+    if not seeds:
+        raise ValueError("tune_per_arm needs at least one tuning seed")
+    sign = 1.0 if mode == "min" else -1.0
+
+    def key(value: float) -> float:
+        return sign * value if math.isfinite(value) else math.inf
+
+    chosen, scores, on_edge, evaluations = {}, {}, [], {}
+    for arm, grid in grids.items():
+        table: dict = {}
+
+        def evaluate(value) -> None:
+            runs = [float(score(arm, value, s)) for s in seeds]
+            table[value] = sum(runs) / len(runs) if all(math.isfinite(r) for r in runs) else math.inf * sign
+
+        for value in progress(grid.points(), desc=f"{desc} [{arm}]"):
+            evaluate(value)
+        best = min(table, key=lambda v: key(table[v]))
+        if isinstance(grid, LogGrid):
+            for _ in range(max_extensions):
+                ordered = sorted(table)
+                if len(ordered) < 2 or ordered[0] < best < ordered[-1]:
+                    break
+                nxt = grid.beyond(best, -1 if best == ordered[0] else 1)
+                if nxt is None:  # a hard limit: the choice is as far as the arm can go
+                    break
+                evaluate(nxt)
+                best = min(table, key=lambda v: key(table[v]))
+            ordered = sorted(table)
+            at_edge = len(ordered) >= 2 and best in (ordered[0], ordered[-1])
+            if at_edge and grid.beyond(best, -1 if best == ordered[0] else 1) is not None:
+                on_edge.append(arm)
+        chosen[arm] = best
+        scores[arm] = {repr(v): table[v] for v in table}
+        evaluations[arm] = len(table)
+    return {"chosen": chosen, "scores": scores, "on_edge": on_edge, "evaluations": evaluations,
+            "seeds": list(seeds), "mode": mode,
+            "rule": f"per-arm grid around its own scale, same size for every arm, mean {mode} score over tuning "
+                    f"seeds {list(seeds)}, extended at an edge up to {max_extensions} times"}
+
+
+def tuning_check(prepared: Mapping | None) -> dict | None:
+    """The mechanism check that every tuned arm's choice is interior, from ``prepared["tuning"]`` (one
+    :func:`tune_per_arm` output, or a dict of them by name); None when the spec tunes nothing this way."""
+    tuning = (prepared or {}).get("tuning") if isinstance(prepared, Mapping) else None
+    if not isinstance(tuning, Mapping):
+        return None
+    outputs = {"": tuning} if "chosen" in tuning else {k: v for k, v in tuning.items() if isinstance(v, Mapping)}
+    edge = [f"{name + ':' if name else ''}{arm}" for name, out in outputs.items() for arm in out.get("on_edge", [])]
+    return {"name": "tuned_inside_grid", "description": "every tuned arm's chosen value is inside its grid "
+            "after the edge extensions", "rule": "no arm on a grid edge", "values": edge, "passed": not edge}
