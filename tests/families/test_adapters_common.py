@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from icml26.core.adapters import (AdapterConfig, LoRALinear, adapter_layers, count_trainable_parameters,
-                                  inject_adapters, load_adapters, merge_adapters, save_adapters, unmerge_adapters)
+                                  inject_adapters, load_adapters, merge_adapters, merge_and_unload, save_adapters,
+                                  unmerge_adapters)
 from icml26.core.testing import assert_close
 
 from icml26.core.registry import ROOMS
@@ -123,9 +124,20 @@ class TestAdapterContract:
         load_adapters(model, tmp_path / "adapter.safetensors")
         assert_close("reloaded", expected, _out(model, x), 1e-6)
 
+    def test_merge_and_unload_restores_the_plain_layout(self, case_id, make, model_case):
+        model, x, targets = model_case
+        plain_keys = set(model.state_dict())
+        self._inject(model, targets, make)
+        _randomise_adapters(model)
+        expected = _out(model, x)
+        merge_and_unload(model)
+        assert not list(adapter_layers(model)) and set(model.state_dict()) == plain_keys
+        assert_close("merged and unloaded", expected, _out(model, x), 1e-5)
+
     def test_bad_configs_raise(self, case_id, make, model_case):
         model, _, targets = model_case
         for kwargs, field in [({"r": 0}, "r "), ({"r": -2}, "r "), ({"alpha": 0.0}, "alpha"),
+                              ({"alpha": float("inf")}, "alpha"),
                               ({"target_modules": []}, "target_modules")]:
             with pytest.raises(ValueError, match=field):
                 AdapterConfig(**{"target_modules": targets, **kwargs})
@@ -140,3 +152,26 @@ def test_rank_pattern_follows_peft_key_rule():
     assert cfg.rank_for("model.layers.0.q") == 2 and cfg.rank_for("layers.0.q") == 2
     assert cfg.rank_for("model.layers.10.q") == 4  # "layers.0.q" must match a whole dotted suffix
     assert cfg.rank_for("blk.1.q") == 6 and cfg.rank_for("x.blk.1.q") == 4
+
+
+def test_merged_llama_saves_a_checkpoint_plain_transformers_loads(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model, x, targets = _hf_llama()
+    inject_adapters(model, AdapterConfig(r=2, alpha=4.0, target_modules=targets),
+                    lambda linear, r, alpha, name: LoRALinear(linear, r, alpha))
+    _randomise_adapters(model)
+    expected = _out(model, x)
+    merge_and_unload(model).save_pretrained(tmp_path)
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert_close("from_pretrained after merge_and_unload", expected, _out(reloaded, x), 1e-5)
+
+
+def test_a_rank_above_the_layer_dims_is_refused_before_the_model_changes():
+    model, x, _ = _mlp()  # layers 12->20, 20->9, 9->4
+    before = _out(model, x)
+    flags = [p.requires_grad for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"exceeds min\(in_features, out_features\) = 4"):
+        inject_adapters(model, AdapterConfig(r=6, target_modules=["0", "2", "4"]),
+                        lambda linear, r, alpha, name: LoRALinear(linear, r, alpha))
+    assert not list(adapter_layers(model)) and [p.requires_grad for p in model.parameters()] == flags
+    assert_close("untouched", before, _out(model, x), 0.0)

@@ -7,8 +7,9 @@ same contract, checked by ``tests/families/test_adapters_common.py``.
 
 from .base import AdapterConfig, AdapterLinear, LoRALinear
 from .inject import (adapter_layers, adapter_state_dict, count_trainable_parameters, find_target_modules,
-                     inject_adapters, load_adapters, merge_adapters, save_adapters, unmerge_adapters)
+                     inject_adapters, load_adapters, merge_adapters, merge_and_unload, save_adapters,
+                     unmerge_adapters)
 
 __all__ = ["AdapterConfig", "AdapterLinear", "LoRALinear", "adapter_layers", "adapter_state_dict",
            "count_trainable_parameters", "find_target_modules", "inject_adapters", "load_adapters",
-           "merge_adapters", "save_adapters", "unmerge_adapters"]
+           "merge_adapters", "merge_and_unload", "save_adapters", "unmerge_adapters"]

@@ -33,16 +33,16 @@ class AdapterConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.r, int) or isinstance(self.r, bool) or self.r <= 0:
             raise ValueError(f"r (adapter rank) must be a positive int, got {self.r!r}")
-        if not (isinstance(self.alpha, (int, float)) and self.alpha > 0):
-            raise ValueError(f"alpha must be > 0, got {self.alpha!r}")
+        if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(f"alpha must be a finite number > 0, got {self.alpha!r}")
         if not self.target_modules:
             raise ValueError("target_modules is empty: name at least one module (suffix list or regex)")
         for key, rank in self.rank_pattern.items():
             if not isinstance(rank, int) or rank <= 0:
                 raise ValueError(f"rank_pattern[{key!r}] must be a positive int, got {rank!r}")
         for key, alpha in self.alpha_pattern.items():
-            if not (isinstance(alpha, (int, float)) and alpha > 0):
-                raise ValueError(f"alpha_pattern[{key!r}] must be > 0, got {alpha!r}")
+            if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+                raise ValueError(f"alpha_pattern[{key!r}] must be a finite number > 0, got {alpha!r}")
 
     @staticmethod
     def _pattern_matches(key: str, name: str) -> bool:
@@ -75,11 +75,17 @@ class AdapterLinear(nn.Module):
     """
 
     prefix: ClassVar[str] = "adapter_"
+    rank_limited: ClassVar[bool] = False
+    """True for B A factorisations, whose rank cannot exceed min(d_in, d_out): a larger r is refused."""
 
     def __init__(self, base: nn.Linear, r: int, alpha: float):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"{type(self).__name__} wraps nn.Linear, got {type(base).__name__}")
+        limit = min(base.in_features, base.out_features)
+        if self.rank_limited and r > limit:
+            raise ValueError(f"{type(self).__name__} rank r={r} exceeds min(in_features, out_features) = {limit} "
+                             f"of a ({base.out_features}, {base.in_features}) layer; a B A update cannot use it")
         self.base = base
         self.base.weight.requires_grad_(False)
         if self.base.bias is not None:
@@ -137,6 +143,7 @@ class LoRALinear(AdapterLinear):
     """LoRA (Hu et al., 2021): delta W = (alpha / r) B A, A (r, d_in) Kaiming-uniform, B (d_out, r) zero."""
 
     prefix = "lora_"
+    rank_limited = True
 
     def __init__(self, base: nn.Linear, r: int, alpha: float):
         super().__init__(base, r, alpha)

@@ -50,12 +50,20 @@ def inject_adapters(model: nn.Module, config: AdapterConfig,
         for key in patterns:
             if not any(AdapterConfig._pattern_matches(key, n) for n in names):
                 raise ValueError(f"{pattern_name} key {key!r} matches none of the adapted modules {names}")
+    # Build every adapter before touching the model, so a bad rank for one module leaves the model as it was.
+    flags = {param: param.requires_grad for param in model.parameters()}
+    try:
+        layers = {name: make(model.get_submodule(name), config.rank_for(name), config.alpha_for(name), name)
+                  for name in names}
+    except BaseException:
+        for param, flag in flags.items():
+            param.requires_grad_(flag)
+        raise
     for param in model.parameters():
         param.requires_grad_(False)
-    for name in names:
+    for name, layer in layers.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        layer = make(getattr(parent, child), config.rank_for(name), config.alpha_for(name), name)
         setattr(parent, child, layer)
     return names
 
@@ -74,6 +82,21 @@ def merge_adapters(model: nn.Module) -> None:
 def unmerge_adapters(model: nn.Module) -> None:
     for _, layer in adapter_layers(model):
         layer.unmerge()
+
+
+def merge_and_unload(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its base weight and put the plain ``nn.Linear`` back (peft's merge_and_unload).
+
+    Afterwards the model has its original module layout and state-dict keys, so ``save_pretrained`` writes a
+    checkpoint that a plain ``AutoModel.from_pretrained`` loads with no icml26 import. Returns ``model``.
+    """
+    for name, layer in list(adapter_layers(model)):
+        if not layer.merged:
+            layer.merge()
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, layer.base)
+    return model
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
