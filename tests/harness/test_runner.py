@@ -224,3 +224,14 @@ def test_cli_errors_are_one_line(tmp_path):
     afile.write_text("")
     assert main(["reproduce", "salaad", "--tier", "smoke", "--out", str(afile)]) == 2
     assert main(["reproduce", "salaad", "--tier", "smoke", "--out", str(tmp_path / "r"), "--spec", "nope"]) == 2
+
+
+def test_plot_legend_names_an_arm_hidden_under_another():
+    import numpy as np
+
+    from icml26.harness.plots import hidden_arms
+
+    x = np.arange(4.0)
+    curves = {"grpo": (x, np.array([3.0, 2.0, 1.5, 1.2])), "clip_b": (x, np.array([3.0, 2.0, 1.5, 1.2])),
+              "other": (x, np.array([3.0, 2.5, 2.0, 1.9]))}
+    assert hidden_arms(curves) == {"grpo": "clip_b"}

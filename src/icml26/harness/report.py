@@ -118,16 +118,20 @@ def summary_figure(results: list[dict]) -> bytes | None:
         ax.scatter([sign * (v - comp["threshold"]) / scale for v in seeds], [y] * len(seeds), s=10, color=colour,
                    alpha=0.6)
         ax.scatter([sign * (stat["mean"] - comp["threshold"]) / scale], [y], marker="|", s=140, color=colour)
-        ax.text(1.08, y, f"{stat['mean']:.3g} {comp['op']} {comp['threshold']:g}?", va="center", fontsize=7)
+        failed = [c["name"] for c in r.get("mechanism_checks") or [] if not c["passed"]]
+        note = f"  (check failed: {', '.join(failed)})" if failed else ""
+        ax.text(1.08, y, f"{stat['mean']:.3g} {comp['op']} {comp['threshold']:g}?{note}", va="center", fontsize=7)
         labels.append(f"{r['room']} / {r['spec']} [{r['tier']}]")
+        if i and r["room"] != rows[i - 1]["room"]:  # a rule between rooms
+            ax.axhline(y + 0.5, color="#ddd", lw=0.8)
     ax.axvline(0, color="k", lw=1)
     ax.set_yticks(range(len(rows)), labels[::-1], fontsize=7)
-    ax.set_xlim(-1.1, 1.6)
+    ax.set_xlim(-1.1, 2.2)
     ax.set_xlabel("distance from the threshold, per-row scale (right of 0: the claim's side)")
     handles = [plt.Line2D([], [], color=c, lw=2, label=v.replace("_", " ")) for v, c in COLOURS.items()]
-    ax.legend(handles=handles, fontsize=7, loc="lower right")
     ax.set_title("Every claim: seeds (dots), mean (tick), one-sided bounds (line)", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=3, frameon=False)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
