@@ -160,4 +160,23 @@ def test_specs_are_well_formed():
     assert [s.id for s in SPECS] == ["classification", "clustering", "ood"]
     for s in SPECS:
         assert s.baseline == "handcrafted" and set(s.arms) == {"tsfm", "handcrafted", "random"}
-        assert s.seeds["quick"] == 3 and {"smoke", "quick"} <= set(s.tiers)
+        assert s.seeds["quick"] == 5 and {"smoke", "quick"} <= set(s.tiers)
+        assert s.null_value == 0.0 and not s.comparator.holds(s.null_value)
+        assert {"tsfm_auroc_over_chance", "tsfm_f1_over_random"} <= {c.name for c in s.checks}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)
+def test_null_arm_is_rejected_by_every_comparator(spec):
+    """The method switched back to the baseline (tsfm arm = hand-crafted embedder): statistic 0, comparator fails."""
+    out = spec.run({**spec.tiers["smoke"], "null": True}, 0, None)
+    value = out["statistics"][spec.comparator.statistic]
+    assert value == pytest.approx(0.0, abs=1e-12)
+    assert not spec.comparator.holds(value)
+
+
+def test_simulated_benchmark_fails_the_observed_data_check():
+    """Classification is judged only on observed light curves; the simulator reports 0, so the check fails."""
+    spec = SPECS[0]
+    out = spec.run(spec.tiers["smoke"], 0, None)
+    check = next(c for c in spec.checks if c.name == "observed_light_curves")
+    assert not check.evaluate([out["checks"]["observed_light_curves"]])["passed"]
