@@ -145,6 +145,11 @@ class TestAdapterContract:
             inject_adapters(model, AdapterConfig(target_modules=["no_such_module"]), make)
         with pytest.raises(ValueError, match="rank_pattern"):
             inject_adapters(model, AdapterConfig(target_modules=targets, rank_pattern={"nowhere": 2}), make)
+        self._inject(model, targets, make)
+        with pytest.raises(ValueError, match="already have an adapter"):
+            self._inject(model, targets, make)
+        with pytest.raises(ValueError, match="already have an adapter"):
+            self._inject(model, ".*", make)
 
 
 def test_rank_pattern_follows_peft_key_rule():

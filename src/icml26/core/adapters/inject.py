@@ -19,17 +19,27 @@ def find_target_modules(model: nn.Module, target_modules) -> list[str]:
     must select at least one module. A single string is a regex that must match the whole name. An entry that
     selects nothing raises ValueError listing the Linear modules the model has.
     """
-    linears = [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
-    if isinstance(target_modules, str):
-        chosen = [n for n in linears if re.fullmatch(target_modules, n)]
-        unmatched = [] if chosen else [target_modules]
-    else:
-        chosen, unmatched = [], []
-        for suffix in target_modules:
-            hits = [n for n in linears if n == suffix or n.endswith("." + suffix)]
-            if not hits:
-                unmatched.append(suffix)
-            chosen += [h for h in hits if h not in chosen]
+    adapted = {name: type(mod).__name__ for name, mod in model.named_modules() if isinstance(mod, AdapterLinear)}
+    linears = [name for name, mod in model.named_modules() if isinstance(mod, nn.Linear)
+               and name.rpartition(".")[0] not in adapted]  # an adapter's own base layer is not a target
+
+    def selects(target: str, name: str) -> bool:
+        if isinstance(target_modules, str):
+            return re.fullmatch(target, name) is not None
+        return name == target or name.endswith("." + target)
+
+    targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+    again = sorted({f"{n} ({kind})" for t in targets for n, kind in adapted.items()
+                    if selects(t, n) or selects(t, n + ".base")})
+    if again:
+        raise ValueError(f"target_modules select layers that already have an adapter: {', '.join(again)}; call "
+                         f"merge_and_unload(model) first, or choose other modules")
+    chosen, unmatched = [], []
+    for target in targets:
+        hits = [n for n in linears if selects(target, n)]
+        if not hits:
+            unmatched.append(target)
+        chosen += [h for h in hits if h not in chosen]
     if unmatched:
         shown = ", ".join(linears[:40]) + (" ..." if len(linears) > 40 else "")
         raise ValueError(f"target_modules {unmatched} matched no nn.Linear module; the model's Linear modules are: "
