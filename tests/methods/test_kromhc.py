@@ -341,14 +341,50 @@ def test_layer_rejects_bad_shapes_and_home_streams():
         KromHC(4, 6, nn.Identity())(torch.zeros(2, 3, 6))
 
 
-def test_claim_runs_end_to_end_on_a_micro_config():
-    from icml26.methods.kromhc.experiments import ARMS, SPECS, run_seed
+def _micro(spec):
+    return {**spec.tiers["smoke"], "steps": 2, "eval_every": 1, "n_val_batches": 1, "seq_len": 16}
 
-    config = {**SPECS[0].tiers["smoke"], "steps": 2, "eval_every": 1, "n_val_batches": 1, "seq_len": 16}
-    result = run_seed(config, 0, None)
-    assert set(result["arms"]) == set(ARMS)
+
+def _fixed_lrs(spec, lr=1e-2):
+    return {"tuning": {"chosen": {arm: lr for arm in spec.arms}, "on_edge": []}}
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_claim_runs_end_to_end_on_a_micro_config(index):
+    from icml26.methods.kromhc.experiments import SPECS
+
+    spec = SPECS[index]
+    result = spec.run(_micro(spec), 0, _fixed_lrs(spec))
+    assert set(result["arms"]) == set(spec.arms)
     for arm, metrics in result["arms"].items():
         assert metrics["extra_params"] == metrics["extra_params_formula"], arm
         assert math.isfinite(metrics["final_val_loss"])
-    assert result["statistics"]["kromhc_ds_error"] < 1e-6
-    assert result["arms"]["hc"]["ds_error_res"] > 1e-3  # HC is unconstrained
+    assert result["checks"]["kromhc_ds_error"] < 1e-6 and result["checks"]["param_ratio"] < 1
+    assert math.isfinite(result["statistics"]["retained_gain"])
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_null_arm_kromhc_switched_off_fails_the_comparator(index):
+    """KromHC replaced by the plain residual (its mechanism switched off): retained_gain = -max(g_B, 0)/2 <= 0."""
+    from icml26.methods.kromhc.experiments import SPECS, seed_result
+
+    spec = SPECS[index]
+    result = seed_result(_micro(spec), 0, _fixed_lrs(spec), spec.baseline, method_kind="residual")
+    value = result["statistics"]["retained_gain"]
+    assert result["statistics"]["gain_kromhc_vs_residual"] == 0.0
+    assert value <= 0 and not spec.comparator.holds(value)
+    assert not spec.comparator.holds(spec.null_value)
+    assert result["checks"]["kromhc_mixing_learned"] == 0.0  # and the mechanism check would flag it
+
+
+def test_tuning_gives_every_arm_the_same_grid(monkeypatch):
+    from icml26.methods.kromhc import experiments
+
+    seen = {}
+    monkeypatch.setattr(experiments, "train_arm",
+                        lambda arm, config, seed, lr: seen.setdefault(arm, []).append((seed, lr)) or
+                        {"final_val_loss": (math.log(lr) - math.log(config["lr_center"])) ** 2})
+    out = experiments.prepare(experiments.TIERS["quick"], "mhc_lite")
+    assert set(seen) == {"kromhc", "mhc_lite", "residual"}
+    assert len({tuple(v) for v in seen.values()}) == 1 and all(s >= 1000 for v in seen.values() for s, _ in v)
+    assert out["tuning"]["on_edge"] == []
