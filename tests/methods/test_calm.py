@@ -158,3 +158,22 @@ def test_smoke_run_has_every_arm():
     assert all(np.isfinite(v["score"]) for v in full["arms"].values())
     assert full["arms"]["copy_last"]["score"] == 0.0
     assert np.isfinite(full["statistics"][spec.comparator.statistic])
+
+
+def test_null_arm_is_rejected_by_the_comparator():
+    """calm switched back to the baseline (trained from scratch at scratch's rate): gain <= 0, never > 0."""
+    spec = SPECS[0]
+    cfg = {**spec.tiers["smoke"], "null": True}
+    out = run_seed(cfg, 0, spec.prepare(spec.tiers["smoke"]))
+    assert out["arms"]["calm"]["score"] == out["arms"]["scratch"]["score"]
+    value = out["statistics"][spec.comparator.statistic]
+    assert value <= 0.0 and not spec.comparator.holds(value)
+    assert spec.null_value == 0.0 and not spec.comparator.holds(spec.null_value)
+
+
+def test_pretraining_check_and_per_arm_grids():
+    spec = SPECS[0]
+    check = next(c for c in spec.checks if c.name == "pretrain_ce_below_uniform")
+    assert check.evaluate([0.86])["passed"] is False and check.evaluate([1.2])["passed"] is True
+    quick = spec.tiers["quick"]
+    assert quick["lr_grid_size"] == 3 and quick["calm_lr_center"] != quick["scratch_lr_center"]
