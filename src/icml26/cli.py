@@ -38,13 +38,17 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         if room.status == "planned":
             print(f"error: room {name!r} is planned but not implemented yet", file=sys.stderr)
             return 2
+    problem = _device_problem(args.device) if args.device else None
+    if problem:
+        print(f"error: --device {args.device}: {problem}", file=sys.stderr)
+        return 2
     problem = _unwritable(Path(args.out))
     if problem:
         print(f"error: --out {args.out}: {problem}", file=sys.stderr)
         return 2
     try:
         results = reproduce(args.rooms or None, args.tier, Path(args.out), n_seeds=args.seeds, force=args.force,
-                            spec_ids=args.spec)
+                            spec_ids=args.spec, device=args.device)
     except ValueError as err:  # an unknown --spec, an unreadable result file: said in one line
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -57,6 +61,21 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         page, _ = write_report(Path(args.out))
         print(f"report: {page}")
     return 0
+
+
+def _device_problem(name: str) -> str | None:
+    """Why torch cannot run on device ``name`` here (None when it can)."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        return str(err)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return "CUDA is not available on this machine"
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        return "MPS is not available on this machine"
+    return None
 
 
 def _unwritable(out: Path) -> str | None:
@@ -104,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="results directory (default: results)")
     p.add_argument("--spec", action="append", help="only run this spec id (repeatable)")
     p.add_argument("--force", action="store_true", help="rerun specs whose results are complete")
+    p.add_argument("--device", default=None, help="torch device the claims run on, e.g. cuda (default: CPU); "
+                   "recorded in each result")
     p.set_defaults(func=_cmd_reproduce)
 
     p = sub.add_parser("report", help="write DIR/report.html and DIR/report.md from the result files in DIR")

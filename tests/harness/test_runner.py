@@ -235,3 +235,20 @@ def test_plot_legend_names_an_arm_hidden_under_another():
     curves = {"grpo": (x, np.array([3.0, 2.0, 1.5, 1.2])), "clip_b": (x, np.array([3.0, 2.0, 1.5, 1.2])),
               "other": (x, np.array([3.0, 2.5, 2.0, 1.9]))}
     assert hidden_arms(curves) == {"grpo": "clip_b"}
+
+
+def test_device_becomes_the_default_device_and_is_recorded(tmp_path):
+    import torch
+
+    seen = []
+
+    def run(config, seed, prepared):
+        seen.append(torch.zeros(2).device.type)  # a tensor made without naming a device
+        return {"arms": {"method": {"x": 1.0}, "baseline": {"x": 0.0}}, "statistics": {"gain": 1.0}}
+
+    res = run_spec(_spec(run), "smoke", tmp_path, device="meta")
+    assert seen == ["meta"] and res["run_info"]["device"] == "meta"
+    assert torch.zeros(1).device.type == "cpu"  # restored afterwards
+    from icml26.cli import main
+
+    assert main(["reproduce", "salaad", "--tier", "smoke", "--out", str(tmp_path), "--device", "nonsense"]) == 2

@@ -8,6 +8,7 @@ its finished seeds and a rerun with the same config resumes from them. A complet
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -47,7 +48,7 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def run_info(config: dict, tier: str, seeds: list[int]) -> dict:
+def run_info(config: dict, tier: str, seeds: list[int], device: str | None = None) -> dict:
     """Provenance recorded in every result: code version, environment, and the full config."""
     versions = {}
     for package in _VERSIONED:
@@ -70,15 +71,29 @@ def run_info(config: dict, tier: str, seeds: list[int]) -> dict:
         "threads": torch.get_num_threads() if torch is not None else None,
         "thread_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
         "cpu_count": os.cpu_count(),
-        "device": _device(torch),
+        "device": device or "cpu (default)",
+        "accelerator_available": _accelerator(torch),
     }
 
 
-def _device(torch) -> str:
-    """The accelerator the run could use ("cpu" when none); rooms pick their device from the same test."""
+def _accelerator(torch) -> str | None:
+    """The CUDA device this machine has, if any (recorded so a CPU run on a GPU machine says so)."""
     if torch is not None and torch.cuda.is_available():
-        return f"cuda ({torch.cuda.get_device_name(0)})"
-    return "cpu"
+        return torch.cuda.get_device_name(0)
+    return None
+
+
+@contextlib.contextmanager
+def _default_device(device: str | None):
+    """Tensors and modules the spec creates without naming a device go to ``device`` (torch's default-device
+    context); None keeps torch's default (CPU)."""
+    if device is None:
+        yield
+        return
+    import torch
+
+    with torch.device(device):
+        yield
 
 
 def read_result(path: Path) -> dict:
@@ -154,8 +169,11 @@ def _plot(spec: ExperimentSpec, result: dict, path: Path) -> str | None:
 
 
 def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None = None, force: bool = False,
-             overrides: dict | None = None) -> dict:
-    """Run one spec at ``tier`` and write its result file; returns the result dict."""
+             overrides: dict | None = None, device: str | None = None) -> dict:
+    """Run one spec at ``tier`` and write its result file; returns the result dict.
+
+    ``device`` (e.g. "cuda") becomes torch's default device while the spec runs and is part of the result's
+    identity, so results from different devices never mix seeds."""
     if tier not in TIERS:
         raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
     if tier not in spec.tiers:
@@ -166,7 +184,8 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
         raise ValueError(f"spec {spec.id!r} has no config field(s) {sorted(unknown)}; fields: {sorted(spec.tiers[tier])}")
     seeds = list(range(n_seeds if n_seeds is not None else spec.seeds[tier]))
     path = result_path(out, spec)
-    key = config_hash({"config": config, "tier": tier, "harness": HARNESS_VERSION})
+    identity = {"config": config, "tier": tier, "harness": HARNESS_VERSION}
+    key = config_hash({**identity, "device": device} if device else identity)
 
     try:
         previous = read_result(path) if path.exists() else None
@@ -187,7 +206,7 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
         "comparator": {"statistic": spec.comparator.statistic, "op": spec.comparator.op,
                        "threshold": spec.comparator.threshold, "description": spec.comparator.description},
         "notes": spec.notes, "tier": tier, "seeds": seeds, "config_hash": key,
-        "run_info": run_info(config, tier, seeds), "status": "running", "prepared": prepared,
+        "run_info": run_info(config, tier, seeds, device), "status": "running", "prepared": prepared,
     }
     start = time.perf_counter()
     # A resumed run adds the wall time its earlier attempts spent on the seeds it keeps.
@@ -208,7 +227,7 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                 if r.get("seed") in done or (r.get("phase") == "prepare" and prepared is not None)]
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     try:
-        with PeakRSS() as mem, metric_log(metrics_path) as logger:
+        with PeakRSS() as mem, metric_log(metrics_path) as logger, _default_device(device):
             if spec.prepare is not None and prepared is None:
                 logger.tags = {"phase": "prepare"}
                 result["prepared"] = prepared = spec.prepare(config)
@@ -258,7 +277,7 @@ def reproducible_rooms() -> list[str]:
 
 
 def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int | None = None,
-              force: bool = False, spec_ids: Iterable[str] | None = None) -> list[dict]:
+              force: bool = False, spec_ids: Iterable[str] | None = None, device: str | None = None) -> list[dict]:
     """Run every spec of ``rooms`` (all implemented rooms when None) and return their results."""
     names = list(rooms) if rooms else reproducible_rooms()
     wanted = set(spec_ids or [])
@@ -267,5 +286,5 @@ def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int
     if unknown:
         raise ValueError(f"unknown --spec {', '.join(sorted(unknown))}; the specs of {', '.join(names)} are: "
                          f"{', '.join(spec.id for spec in chosen)}")
-    return [run_spec(spec, tier, out, n_seeds=n_seeds, force=force) for spec in chosen
+    return [run_spec(spec, tier, out, n_seeds=n_seeds, force=force, device=device) for spec in chosen
             if (not wanted or spec.id in wanted) and tier in spec.tiers]
