@@ -234,3 +234,29 @@ def test_trainer_dml_switch_and_ncm_memory():
 def test_bad_config_raises_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         JanusLoRAConfig(**{field: value})
+
+
+# ------------------------------------------------------------------------------------------- claims (protocol v2)
+@pytest.mark.parametrize("spec_id", ["cil_digits", "gr_plugin"])
+def test_null_arm_is_rejected_by_the_comparator(spec_id):
+    """The method switched back to its baseline (janus -> strongest baseline, gr_only -> lora_gpm): statistic 0."""
+    from icml26.methods.janus_lora.experiments import SPECS
+
+    spec = next(s for s in SPECS if s.id == spec_id)
+    cfg = spec.tiers["smoke"]
+    prepared = spec.prepare(cfg)
+    out = spec.run({**cfg, "null": True}, 0, prepared)
+    value = out["statistics"][spec.comparator.statistic]
+    assert value == 0.0 and not spec.comparator.holds(value)
+    assert spec.null_value == 0.0 and not spec.comparator.holds(spec.null_value)
+    real = spec.run(cfg, 0, prepared)  # the method itself runs different updates
+    assert real["statistics"][spec.comparator.statistic] != value or spec_id == "gr_plugin"
+    assert set(real["checks"]) >= {c.name for c in spec.checks}
+
+
+def test_tuning_gives_every_arm_the_same_budget():
+    from icml26.methods.janus_lora.experiments import SPECS
+
+    quick = SPECS[0].tiers["quick"]
+    assert quick["lr_grid_size"] == len(quick["dml_grid"]) == 3
+    assert SPECS[0].seeds["quick"] == SPECS[1].seeds["quick"] == 5
