@@ -1,0 +1,268 @@
+"""Pretrain TabICLv2 on the synthetic prior: ``python -m icml26.methods.tabicl2.pretrain --out DIR ...``.
+
+Recipe as released (stage 1 of ``scripts/train_v2_clf_stage1.sh`` in soda-inria/tabicl at 8f1aa20, scaled down):
+cross-entropy on the test rows of prior datasets, Muon on all parameters (momentum 0.9 Nesterov, 5 NS steps,
+lr * 0.2 sqrt(max(A, B)), decoupled wd 0.01), cosine schedule with warm-up down to 1e-7, gradient clipping 10,
+train fraction U[0.3, 0.9]. Reduced here: rows <= 256 (official <= 1024), features <= 12 (official <= 100),
+batch 16 (official 64), a few thousand steps (official 500k).
+
+The schedule runs over ``--steps`` (deterministic) or over a wall-clock budget ``--minutes`` (the lr follows the
+fraction of the budget used, so a slower machine sees fewer datasets but still completes its cosine). Every
+``--ckpt-every`` steps the full state (model, optimizer, step, elapsed time) is written atomically to
+``OUT/state.pt``; rerunning the same command resumes from it, losing at most one interval. ``OUT/log.jsonl`` holds
+the loss curve and ``OUT/loss.png`` its plot; ``--export PATH`` writes the weights-only checkpoint
+(``{"config", "state_dict", "meta"}``) that :class:`TabICLClassifier` loads.
+
+Under ``torchrun --nproc_per_node=K`` (gloo on CPU, NCCL on GPUs) each rank draws its own datasets and gradients
+are averaged with all-reduce, so K processes train one model with K times the batch (``--steps`` mode only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from icml26.core.io import atomic_write_bytes
+
+from .config import TabICLConfig
+from .muon import Muon
+from .prior import PriorConfig, sample_batch
+from .reference import TabICL
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="results/tabicl2/pretrain", help="run directory (state, log, plot)")
+    p.add_argument("--export", default=None, help="write the weights-only checkpoint here at the end")
+    p.add_argument("--steps", type=int, default=0, help="schedule length in steps (0: use --minutes)")
+    p.add_argument("--minutes", type=float, default=0.0, help="wall-clock budget for the schedule")
+    p.add_argument("--batch", type=int, default=16, help="datasets per step (per rank)")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--optimizer", choices=("muon", "muon_adamw", "adamw"), default="muon",
+                   help="muon: Muon on every parameter (release); muon_adamw: AdamW for vectors; adamw: AdamW")
+    p.add_argument("--warmup", type=float, default=0.02, help="warm-up fraction of the schedule")
+    p.add_argument("--clip", type=float, default=10.0)
+    p.add_argument("--min-rows", type=int, default=64)
+    p.add_argument("--max-rows", type=int, default=256)
+    p.add_argument("--max-features", type=int, default=12)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--stop-at", type=int, default=0, help="leave after this step as if killed (tests resume)")
+    p.add_argument("--model", default="{}", help="JSON overrides of TabICLConfig, e.g. '{\"ssmax\": \"none\"}'")
+    return p.parse_args(argv)
+
+
+def lr_factor(frac: float, warmup: float, floor: float = 5e-5) -> float:
+    """Linear warm-up over ``warmup`` of the schedule, then cosine from 1 down to ``floor``."""
+    if frac < warmup:
+        return max(frac / warmup, 1e-3)
+    t = min((frac - warmup) / max(1 - warmup, 1e-9), 1.0)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def batch_shape(seed: int, step: int, args) -> tuple[int, int, int]:
+    """(rows, features, n_train) of one step: rows log-uniform, features uniform, train fraction U[0.3, 0.9]."""
+    rng = np.random.default_rng([seed, step, 7])
+    rows = int(round(math.exp(rng.uniform(math.log(args.min_rows), math.log(args.max_rows)))))
+    feats = int(rng.integers(1, args.max_features + 1))
+    n_train = int(np.clip(round(rows * rng.uniform(0.3, 0.9)), 8, rows - 4))
+    return rows, feats, n_train
+
+
+def masked_ce(logits: torch.Tensor, y_test: torch.Tensor, y_train: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy on test rows; logits of classes beyond each dataset's count are masked out."""
+    n_cls = y_train.max(1).values + 1  # (B,)
+    mask = torch.arange(logits.shape[-1], device=logits.device)[None, None] >= n_cls[:, None, None]
+    logits = logits.masked_fill(mask, -1e9)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_test.reshape(-1))
+
+
+def make_optimizer(model: torch.nn.Module, kind: str, lr: float) -> torch.optim.Optimizer:
+    if kind == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    return Muon(model.parameters(), lr=lr, momentum=0.9, nesterov=True, ns_steps=5, weight_decay=0.01,
+                adamw_for_vectors=(kind == "muon_adamw"))
+
+
+@torch.no_grad()
+def evaluate(model: TabICL, val: list, device) -> dict:
+    """Mean CE and accuracy on fixed held-out prior batches."""
+    model.eval()
+    ce, acc = [], []
+    for X, y, n_train in val:
+        X, y = X.to(device), y.to(device)
+        logits = model(X, y[:, :n_train])
+        ce.append(masked_ce(logits, y[:, n_train:], y[:, :n_train]).item())
+        n_cls = y[:, :n_train].max(1).values + 1
+        masked = logits.masked_fill(torch.arange(logits.shape[-1], device=device)[None, None] >= n_cls[:, None, None],
+                                    -1e9)
+        acc.append((masked.argmax(-1) == y[:, n_train:]).float().mean().item())
+    model.train()
+    return {"val_ce": float(np.mean(ce)), "val_acc": float(np.mean(acc))}
+
+
+def validation_set(seed: int = 10 ** 6, n_batches: int = 4, batch: int = 16) -> list:
+    out = []
+    for b in range(n_batches):
+        X, y = sample_batch(seed + b, batch, 256, 8, 192)
+        out.append((torch.from_numpy(X), torch.from_numpy(y), 192))
+    return out
+
+
+def export_checkpoint(model: TabICL, path: str | os.PathLike, meta: dict) -> Path:
+    """Weights-only checkpoint ``{"config", "state_dict", "meta"}`` (fp32), written atomically."""
+    buf = io.BytesIO()
+    torch.save({"config": model.cfg.to_dict(), "state_dict": {k: v.detach().cpu().float().contiguous()
+                                                               for k, v in model.state_dict().items()},
+                "meta": meta}, buf)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def plot_log(log_path: Path, png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    tr = [r for r in rows if "loss" in r]
+    ev = [r for r in rows if "val_ce" in r]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if tr:
+        w = 20
+        loss = np.array([r["loss"] for r in tr])
+        smooth = np.convolve(loss, np.ones(w) / w, mode="valid") if len(loss) >= w else loss
+        ax.plot([r["datasets"] for r in tr][len(tr) - len(smooth):], smooth, label="train CE (20-step mean)")
+    if ev:
+        ax.plot([r["datasets"] for r in ev], [r["val_ce"] for r in ev], "o-", label="held-out prior CE")
+    ax.set_xlabel("synthetic datasets seen")
+    ax.set_ylabel("cross-entropy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if (args.steps > 0) == (args.minutes > 0):
+        raise SystemExit("give exactly one of --steps N or --minutes M")
+    torch.set_num_threads(args.threads)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world > 1:
+        import torch.distributed as dist
+        if args.minutes > 0:
+            raise SystemExit("distributed runs need --steps (a wall-clock schedule would desynchronise ranks)")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    state_path, log_path = out / "state.pt", out / "log.jsonl"
+
+    torch.manual_seed(args.seed)
+    cfg = TabICLConfig(**json.loads(args.model))
+    model = TabICL(cfg).to(device)
+    opt = make_optimizer(model, args.optimizer, args.lr)
+    step, elapsed, datasets = 0, 0.0, 0
+    if state_path.exists():
+        st = torch.load(state_path, map_location=device, weights_only=False)
+        if st["config"] != cfg.to_dict():
+            raise SystemExit(f"{state_path} was written for another model config; use another --out")
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step, elapsed, datasets = st["step"], st["elapsed"], st["datasets"]
+        print(f"resumed from step {step} ({elapsed / 60:.1f} min, {datasets} datasets)", flush=True)
+    elif rank == 0 and log_path.exists():
+        log_path.unlink()
+    for g in opt.param_groups:
+        g.setdefault("initial_lr", args.lr)
+    val = validation_set() if rank == 0 else None
+    n_params = sum(p.numel() for p in model.parameters())
+    if rank == 0:
+        print(f"TabICL {n_params} parameters, optimizer {args.optimizer}, lr {args.lr}, world {world}", flush=True)
+
+    def frac() -> float:
+        return step / args.steps if args.steps > 0 else elapsed / (60 * args.minutes)
+
+    def save_state() -> None:
+        if rank != 0:
+            return
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                    "datasets": datasets, "config": cfg.to_dict(), "args": vars(args)}, buf)
+        atomic_write_bytes(state_path, buf.getvalue())
+
+    log = open(log_path, "a") if rank == 0 else None
+    t_last = time.time()
+    recent = []
+    while frac() < 1.0:
+        rows, feats, n_train = batch_shape(args.seed, step, args)
+        X, y = sample_batch(args.seed * 10 ** 9 + step * 1000 + rank, args.batch, rows, feats, n_train)
+        X, y = torch.from_numpy(X).to(device), torch.from_numpy(y).to(device)
+        for g in opt.param_groups:
+            g["lr"] = args.lr * lr_factor(frac(), args.warmup, 1e-7 / args.lr)
+        logits = model(X, y[:, :n_train])
+        loss = masked_ce(logits, y[:, n_train:], y[:, :n_train])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if world > 1:
+            import torch.distributed as dist
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+        step += 1
+        datasets += args.batch * world
+        now = time.time()
+        elapsed += now - t_last
+        t_last = now
+        recent.append(loss.item())
+        if rank == 0:
+            log.write(json.dumps({"step": step, "datasets": datasets, "minutes": elapsed / 60, "loss": loss.item(),
+                                  "lr": opt.param_groups[0]["lr"], "grad_norm": float(gnorm), "rows": rows,
+                                  "features": feats}) + "\n")
+            if step % 10 == 0:
+                print(f"step {step} | {frac() * 100:5.1f}% | {elapsed / 60:6.1f} min | datasets {datasets} | "
+                      f"loss {np.mean(recent):.4f} | lr {opt.param_groups[0]['lr']:.2e}", flush=True)
+                recent = []
+            if step % args.eval_every == 0:
+                ev = evaluate(model, val, device)
+                log.write(json.dumps({"step": step, "datasets": datasets, "minutes": elapsed / 60, **ev}) + "\n")
+                print(f"  eval {ev}", flush=True)
+            log.flush()
+        if step % args.ckpt_every == 0:
+            save_state()
+            t_last = time.time()  # checkpoint time is not schedule time
+        if args.stop_at and step >= args.stop_at:
+            return {"stopped_at": step}
+    result = {}
+    if rank == 0:
+        save_state()
+        ev = evaluate(model, val, device)
+        log.write(json.dumps({"step": step, "datasets": datasets, "minutes": elapsed / 60, **ev}) + "\n")
+        log.close()
+        plot_log(log_path, out / "loss.png")
+        result = {"steps": step, "datasets": datasets, "minutes": elapsed / 60, "params": n_params,
+                  "optimizer": args.optimizer, "lr": args.lr, **ev}
+        if args.export:
+            export_checkpoint(model, args.export, {**result, "args": vars(args)})
+        print(json.dumps(result), flush=True)
+    if world > 1:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()
