@@ -1,0 +1,210 @@
+"""Offline-to-online TD3+BC with DARE's sample-level constraint release, top to bottom like the paper's loop:
+
+    pretrain TD3+BC offline on D_off
+    fit the behavior model mu_psi on D_off
+    for each online step:
+        act with pi + noise, store in D_on
+        B = B_off (rho N from D_off) + B_on ((1 - rho) N from D_on)
+        d = alignment score of every sample;  p = posterior online-like;  S_off = exchange(p)
+        critic: TD3 loss on all of B;  actor: -lambda Q on all of B, BC term on S_off only
+
+The four arms differ only in S_off (see ``DAREConfig.constraint``). Checkpoints (atomic) are taken at the first
+episode end after every ``checkpoint_every`` online steps and hold everything (networks, optimisers, both
+buffers' online part, every random generator, the env's random state), so a killed run resumes bit-identically.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...core.progress import progress
+from ...rl.buffers import OfflineBuffer, OnlineBuffer, mixed_batch
+from ...rl.checkpoint import load_checkpoint, save_checkpoint
+from ...rl.evaluation import evaluate_policy
+from ...rl.nets import Actor, GaussianPolicy, TwinQ, soft_update
+from .config import DAREConfig
+from .dare import alignment_score, constrained_mask, fit_gaussians, posterior_online, separation
+
+
+class DARETD3BC:
+    """TD3+BC host with a per-sample constraint mask.
+
+    Args:
+        obs_dim, act_dim: sizes (actions in [-1, 1]^act_dim).
+        config: :class:`DAREConfig`.
+        device: any torch device.
+        seed: seeds the networks' init and the sampling generator.
+    """
+
+    def __init__(self, obs_dim: int, act_dim: int, config: DAREConfig, device: torch.device | str = "cpu",
+                 seed: int = 0) -> None:
+        self.config, self.device = config, torch.device(device)
+        torch.manual_seed(seed)
+        c = config
+        self.actor = Actor(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
+        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
+        self.actor_target, self.critic_target = copy.deepcopy(self.actor), copy.deepcopy(self.critic)
+        self.behavior = GaussianPolicy(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=c.actor_lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.critic_lr)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)
+        self.n_updates = 0
+
+    # -- losses ------------------------------------------------------------------------------------------------
+    def critic_loss(self, b: dict) -> torch.Tensor:
+        """TD3: y = r + gamma (1 - done) min_j Q'_j(s', pi'(s') + clip(noise)); MSE for both critics."""
+        c = self.config
+        with torch.no_grad():
+            noise = (torch.randn(b["actions"].shape, generator=self.gen, device=self.device) * c.policy_noise
+                     ).clamp(-c.noise_clip, c.noise_clip)
+            next_a = (self.actor_target(b["next_observations"]) + noise).clamp(-1.0, 1.0)
+            tq1, tq2 = self.critic_target(b["next_observations"], next_a)
+            y = b["rewards"] + c.discount * (1 - b["dones"]) * torch.min(tq1, tq2)
+        q1, q2 = self.critic(b["observations"], b["actions"])
+        return F.mse_loss(q1, y) + F.mse_loss(q2, y)
+
+    def actor_loss(self, b: dict, keep: torch.Tensor) -> torch.Tensor:
+        """(1/B) sum_i [-lambda Q1(s_i, pi(s_i)) + keep_i ||pi(s_i) - a_i||^2 / A], lambda = alpha / mean|Q|.
+        ``keep`` all True is TD3+BC, all False is TD3 (reference: reference.td3bc_actor_loss)."""
+        pi = self.actor(b["observations"])
+        q = self.critic.q1(torch.cat((b["observations"], pi), -1)).squeeze(-1)
+        lam = self.config.alpha / q.abs().mean().detach()
+        bc = (pi - b["actions"]).pow(2).mean(-1)
+        return (-lam * q + keep.to(bc.dtype) * bc).mean()
+
+    def update(self, b: dict, keep: torch.Tensor) -> dict:
+        """One TD3 step: critic on all samples; every ``policy_freq`` steps the actor (masked BC) and targets."""
+        loss_q = self.critic_loss(b)
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss_q.backward()
+        self.critic_opt.step()
+        self.n_updates += 1
+        out = {"critic_loss": float(loss_q.detach())}
+        if self.n_updates % self.config.policy_freq == 0:
+            loss_pi = self.actor_loss(b, keep)
+            self.actor_opt.zero_grad(set_to_none=True)
+            loss_pi.backward()
+            self.actor_opt.step()
+            soft_update(self.critic_target, self.critic, self.config.tau)
+            soft_update(self.actor_target, self.actor, self.config.tau)
+            out["actor_loss"] = float(loss_pi.detach())
+        return out
+
+    # -- phases ------------------------------------------------------------------------------------------------
+    def pretrain(self, offline: OfflineBuffer, steps: int) -> None:
+        """Offline TD3+BC (constraint on every sample)."""
+        keep = torch.ones(self.config.batch_size, dtype=torch.bool, device=self.device)
+        for _ in progress(range(steps), desc="offline TD3+BC"):
+            self.update(offline.sample(self.config.batch_size, self.gen), keep)
+
+    def fit_behavior(self, offline: OfflineBuffer, steps: int | None = None) -> float:
+        """Gaussian behavior cloning mu_psi(a|s) on D_off by maximum likelihood; returns the final mean NLL."""
+        opt = torch.optim.Adam(self.behavior.parameters(), lr=self.config.bc_lr)
+        nll = math.nan
+        for _ in range(self.config.bc_steps if steps is None else steps):
+            b = offline.sample(self.config.batch_size, self.gen)
+            loss = -self.behavior.log_prob(b["observations"], b["actions"]).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            nll = float(loss.detach())
+        return nll
+
+    def split(self, b: dict, from_offline: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """S_off mask for this arm, plus DARE's diagnostics (fraction of B_off released, fraction of B_on kept,
+        score separation d' under the origin labels and under the exchanged labels)."""
+        c = self.config
+        diag: dict = {}
+        p = None
+        # scores are only needed by DARE (the other arms skip them: they cost a behavior-model pass per update)
+        if c.constraint == "dare" and from_offline.any() and (~from_offline).any():
+            d = alignment_score(self.behavior, b["observations"], b["actions"], c.score, c.n_ref_actions, self.gen)
+            p = posterior_online(d, fit_gaussians(d, from_offline, fit=c.fit))
+        keep = constrained_mask(c.constraint if p is not None or c.constraint != "dare" else "origin",
+                                from_offline, p, mode=c.exchange, eta=c.eta, generator=self.gen)
+        if p is not None:
+            dare_keep = keep
+            diag = {"released": float((from_offline & ~dare_keep).sum() / from_offline.sum()),
+                    "kept_online": float((~from_offline & dare_keep).sum() / (~from_offline).sum()),
+                    "sep_origin": separation(d, from_offline), "sep_exchange": separation(d, dare_keep)}
+        return keep, diag
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return self.actor(torch.as_tensor(obs, dtype=torch.float32, device=self.device)[None])[0].cpu().numpy()
+
+    # -- checkpoint --------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        mods = ("actor", "critic", "actor_target", "critic_target", "behavior", "actor_opt", "critic_opt")
+        return {**{m: getattr(self, m).state_dict() for m in mods}, "gen": self.gen.get_state(),
+                "n_updates": self.n_updates, "config": asdict(self.config)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for m in ("actor", "critic", "actor_target", "critic_target", "behavior", "actor_opt", "critic_opt"):
+            getattr(self, m).load_state_dict(state[m])
+        self.gen.set_state(state["gen"])
+        self.n_updates = int(state["n_updates"])
+
+
+def finetune(agent: DARETD3BC, env, eval_env, offline: OfflineBuffer, online_steps: int, *, eval_every: int,
+             eval_episodes: int, seed: int, checkpoint: str | Path | None = None, checkpoint_every: int = 1000,
+             stop_after: int | None = None) -> dict:
+    """The online phase (UTD 1). Returns ``{"curve": [[step, normalized], ...], "diag": {...means...},
+    "steps_done"}``. With ``checkpoint`` set, resumes from it when present. ``stop_after`` ends the call early
+    (as a kill would), for the resume test."""
+    c = agent.config
+    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    buf = OnlineBuffer(obs_dim, act_dim, max(online_steps, 1), agent.device, reward_scale=c.reward_scale,
+                       reward_bias=c.reward_bias)
+    rng = np.random.default_rng(seed + 2)
+    step, last_ckpt, curve, diags = 0, 0, [], []
+    state = load_checkpoint(checkpoint) if checkpoint is not None else None
+    if state is not None:
+        agent.load_state_dict(state["agent"])
+        buf.load_state_dict(state["buffer"])
+        rng.bit_generator.state = state["rng"]
+        env.unwrapped.np_random.bit_generator.state = state["env_rng"]
+        step, last_ckpt, curve, diags = state["step"], state["step"], state["curve"], state["diags"]
+        obs, _ = env.reset()
+    else:
+        curve.append([0, evaluate_policy(eval_env, agent.act, eval_episodes, seed=10_000 + seed)["normalized"]])
+        obs, _ = env.reset(seed=seed)
+    bar = progress(range(step, online_steps), desc=f"online [{c.constraint}]", total=online_steps - step)
+    for step in bar:
+        action = np.clip(agent.act(obs) + rng.normal(0.0, c.expl_noise, size=act_dim), -1, 1).astype(np.float32)
+        nxt, r, terminated, truncated, _ = env.step(action)
+        buf.add(obs, action, r, nxt, terminated)
+        obs = nxt
+        batch, from_offline = mixed_batch(offline, buf, c.batch_size, c.mixing_ratio, agent.gen)
+        keep, diag = agent.split(batch, from_offline)
+        agent.update(batch, keep)
+        if diag:
+            diags.append(diag)
+        done_steps = step + 1
+        if done_steps % eval_every == 0 or done_steps == online_steps:
+            curve.append([done_steps, evaluate_policy(eval_env, agent.act, eval_episodes,
+                                                      seed=10_000 + seed)["normalized"]])
+        if terminated or truncated:
+            if checkpoint is not None and done_steps - last_ckpt >= checkpoint_every:
+                # taken right before the reset, so the resumed run's reset draws the same start
+                save_checkpoint(checkpoint, {"agent": agent.state_dict(), "buffer": buf.state_dict(),
+                                             "rng": rng.bit_generator.state, "step": done_steps,
+                                             "env_rng": env.unwrapped.np_random.bit_generator.state,
+                                             "curve": curve, "diags": diags})
+                last_ckpt = done_steps
+            obs, _ = env.reset()
+        if stop_after is not None and done_steps >= stop_after:
+            return {"curve": curve, "diag": _mean_diag(diags), "steps_done": done_steps}
+    return {"curve": curve, "diag": _mean_diag(diags), "steps_done": online_steps}
+
+
+def _mean_diag(diags: list[dict]) -> dict:
+    keys = {k for d in diags for k in d}
+    return {k: float(np.nanmean([d[k] for d in diags if k in d])) if diags else math.nan for k in sorted(keys)}
