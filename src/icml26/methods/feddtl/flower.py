@@ -94,11 +94,15 @@ def make_client_app(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig
 
 
 def reply_problem(msg, global_vision: dict, embed_dim: int, n_base: int) -> str | None:
-    """Why a train reply cannot be aggregated (None if it can): error replies, missing records, wrong LoRA names or
-    shapes, non-finite tensors, embedding/label mismatch, labels outside ``[0, n_base)``, bad ``num-examples``."""
+    """Why a train reply Message cannot be aggregated (None if it can); see :func:`content_problem`."""
     if msg.has_error():
         return f"error reply: {msg.error}"
-    content = msg.content
+    return content_problem(msg.content, global_vision, embed_dim, n_base)
+
+
+def content_problem(content, global_vision: dict, embed_dim: int, n_base: int) -> str | None:
+    """Why a train reply's RecordDict cannot be aggregated (None if it can): missing records, wrong LoRA names or
+    shapes, non-finite tensors, embedding/label mismatch, labels outside ``[0, n_base)``, bad ``num-examples``."""
     for key in ("arrays", "embeddings", "metrics"):
         if key not in content:
             return f"missing record {key!r}"
@@ -194,7 +198,7 @@ def make_strategy_class():
                                        self.task.n_base, self.cfg, server_round, self.seed)
             n = sum(r.num_examples for _, r in results)
             mean = {key: sum(r.metrics[key] * r.num_examples for _, r in results) / n
-                    for key in ("train_accuracy", "reward", "clip_fraction", "kl")}
+                    for key in ("train_accuracy", "reward", "clip_fraction", "kl", "signal_fraction")}
             return ArrayRecord(torch_state_dict=self.state.vision), MetricRecord(
                 {**mean, "clients": len(results), "drift": self.drift[-1]})
 

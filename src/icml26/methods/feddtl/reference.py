@@ -57,6 +57,8 @@ def build_model(encoder: DualEncoder, cfg: FedDTLConfig, seed: int) -> DualEncod
         torch.manual_seed(_seed(seed, 17))
         add_lora(model.vision, len(model.vision.blocks) + VISION_LORA_FROM, cfg.lora_rank, cfg.lora_alpha)
         add_lora(model.text, len(model.text.blocks) + TEXT_LORA_FROM, cfg.lora_rank, cfg.lora_alpha)
+    for p in model.parameters():  # the client and server updates switch on only the LoRA they train
+        p.requires_grad_(False)
     return model.to(encoder.logit_scale.device)
 
 
@@ -136,6 +138,7 @@ def rl_loss(logits: torch.Tensor, z: torch.Tensor, text_emb: torch.Tensor, scale
         kl = (logp.exp() * (logp - ref_logp)).sum(-1, keepdim=True).expand(n, G)
     loss = -(surrogate - cfg.kl_beta * kl).mean()
     stats = {"reward": float(rewards.mean()), "kl": float(kl.detach().mean()),
+             "signal_fraction": float((std > 0).float().mean()),
              "clip_fraction": float(((ratio.detach() - clipped.detach()).abs() > 0).float().mean())}
     return loss, stats
 
@@ -204,7 +207,7 @@ def client_update(model: DualEncoder, x: torch.Tensor, y: torch.Tensor, global_v
     for p in params:
         p.requires_grad_(False)
     metrics["train_accuracy"] = correct / seen
-    for key in ("reward", "kl", "clip_fraction"):
+    for key in ("reward", "kl", "clip_fraction", "signal_fraction"):
         metrics[key] = sum(s[key] for s in rl_stats) / len(rl_stats) if rl_stats else 0.0
     local = lora_state(model.vision)
     with torch.no_grad():
@@ -327,7 +330,8 @@ def run_federation(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig,
     state = init_server(model, task.prompts)
     initial_text = state.text_emb.clone()
     snapshots: dict[int, State | None] = {k: None for k in range(task.num_clients)}
-    curves: dict[str, list] = {"round": [], "drift": [], "base_accuracy": [], "novel_accuracy": [], "reward": []}
+    curves: dict[str, list] = {"round": [], "drift": [], "base_accuracy": [], "novel_accuracy": [], "reward": [],
+                               "signal_fraction": [], "clip_fraction": []}
     for t in range(1, cfg.rounds + 1):
         results = []
         for k in range(task.num_clients):
@@ -337,7 +341,8 @@ def run_federation(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig,
             results.append(r)
         curves["round"].append(t)
         curves["drift"].append(client_drift(results, state.vision))
-        curves["reward"].append(sum(r.metrics["reward"] for r in results) / len(results))
+        for key in ("reward", "signal_fraction", "clip_fraction"):
+            curves[key].append(sum(r.metrics[key] for r in results) / len(results))
         state = server_update(model, state, results, task.prompts, task.n_base, cfg, t, seed)
         if eval_every and (t % eval_every == 0 or t == cfg.rounds):
             ev = evaluate(model, state, task)

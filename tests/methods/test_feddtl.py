@@ -1,0 +1,258 @@
+"""FedDTL room: config validation, data, dual encoder, the RL loss, the plain loop, the Flower app, the claims."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from icml26.methods.feddtl.config import EncoderConfig, FedDTLConfig
+from icml26.methods.feddtl.data import (dirichlet_partition, label_skew, make_task, pathological_partition,
+                                        render_compositional)
+from icml26.methods.feddtl.model import DualEncoder, WordTokenizer, pretrain
+from icml26.methods.feddtl.reference import (build_model, client_update, fedavg, init_server, rl_loss,
+                                             run_federation, server_update)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = EncoderConfig(width=16, embed_dim=16, vision_layers=2, text_layers=1, heads=2, steps=15, batch_size=32,
+                     per_class=2, use_mnist=False)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return pretrain(TINY, seed=0)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return make_task(0, n_base=4, n_novel=3, num_clients=3, train_per_class=8, val_per_class=2, test_per_class=4)
+
+
+def small_cfg(**kw):
+    base = dict(rounds=2, sft_rounds=1, sft_epochs=1, rl_epochs=1, batch_size=16)
+    return FedDTLConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("field,value", [("rounds", 0), ("sft_rounds", 30), ("clip_eps", 1.5), ("sigma", -1.0),
+                                         ("action", "greedy"), ("reference", "x"), ("group_size", 0),
+                                         ("ref_mix", 2.0), ("lr", 0.0), ("upload_per_class", -1)])
+def test_config_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        FedDTLConfig(**{field: value})
+
+
+def test_config_stage_switches_after_m_rounds():
+    cfg = FedDTLConfig(rounds=4, sft_rounds=2)
+    assert [cfg.stage(t) for t in range(1, 5)] == ["sft", "sft", "rl", "rl"]
+    assert FedDTLConfig(rounds=4, sft_rounds=2, two_stage=False).stage(4) == "sft"
+
+
+def test_encoder_config_validates():
+    with pytest.raises(ValueError, match="patch"):
+        EncoderConfig(image_size=16, patch=5)
+    with pytest.raises(ValueError, match="heads"):
+        EncoderConfig(width=10, heads=4)
+
+
+def test_tokenizer_pads_and_rejects_unknown_words():
+    tok = WordTokenizer()
+    ids = tok(["a photo of a red plain circle", "a photo of the digit one"])
+    assert ids.shape == (2, 8) and (ids[:, 0] == 1).all() and ids[1, -1] == 0
+    with pytest.raises(ValueError, match="banana"):
+        tok(["a banana"])
+
+
+def test_render_is_deterministic_and_in_range():
+    lab = torch.arange(108)
+    a = render_compositional(lab, style="shifted", generator=torch.Generator().manual_seed(1))
+    b = render_compositional(lab, style="shifted", generator=torch.Generator().manual_seed(1))
+    assert a.shape == (108, 3, 16, 16) and torch.equal(a, b) and a.min() >= 0 and a.max() <= 1
+    with pytest.raises(ValueError):
+        render_compositional(torch.tensor([108]))
+
+
+def test_partitions_cover_every_sample_once_and_are_skewed():
+    labels = torch.arange(10).repeat_interleave(20)
+    for parts in (dirichlet_partition(labels, 5, 0.1, seed=0), pathological_partition(labels, 5, 2, torch.Generator())):
+        allidx = torch.cat(parts).sort().values
+        assert torch.equal(allidx, torch.arange(200))
+    patho = pathological_partition(labels, 5, 2, torch.Generator().manual_seed(0))
+    assert all(len(labels[p].unique()) == 2 for p in patho)
+
+
+def test_task_is_non_iid(task):
+    assert task.num_clients == 3 and label_skew(task) > 0.2
+    assert set(torch.cat(task.client_y).tolist()) <= set(range(task.n_base))
+    assert (task.test_novel_y >= task.n_base).all()
+
+
+def test_lora_starts_as_identity(encoder):
+    model = build_model(encoder, small_cfg(), seed=0)
+    x = render_compositional(torch.arange(5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(model.encode_image(x), encoder.encode_image(x), atol=1e-6)
+        assert torch.allclose(model.encode_text(["a photo of a red plain circle"]),
+                              encoder.encode_text(["a photo of a red plain circle"]), atol=1e-6)
+    trainable = [n for n, p in model.named_parameters() if "lora_" in n]
+    assert trainable and all(p.requires_grad is False for p in model.parameters())
+
+
+def test_rl_loss_matches_hand_computation():
+    """sigma = 0: every action is the argmax; group rewards are uniform so advantages vanish and only beta*KL is
+    left; with the reference equal to the policy the KL (and the loss) is zero."""
+    torch.manual_seed(0)
+    z = torch.nn.functional.normalize(torch.randn(4, 3), dim=-1)
+    text = torch.nn.functional.normalize(torch.randn(5, 3), dim=-1)
+    logits = (10.0 * z @ text.T).requires_grad_(True)
+    y = torch.tensor([0, 1, 2, 3])
+    lp = logits.detach().log_softmax(-1)
+    cfg = FedDTLConfig(sigma=0.0, kl_beta=0.5)
+    g = torch.Generator().manual_seed(0)
+    loss, st = rl_loss(logits, z, text, torch.tensor(10.0), y, lp, lp, cfg, g)
+    assert abs(float(loss)) < 1e-7 and st["signal_fraction"] == 0.0
+    ref = torch.log_softmax(torch.zeros(4, 5), -1)  # uniform reference
+    loss, _ = rl_loss(logits, z, text, torch.tensor(10.0), y, lp, ref, cfg, g)
+    a = lp.argmax(-1, keepdim=True)
+    log_r = ref.gather(1, a) - lp.gather(1, a)
+    expected = 0.5 * (log_r.exp() - log_r - 1).mean()
+    assert torch.allclose(loss, expected, atol=1e-6)
+
+
+def test_rl_loss_clips_and_advantages_are_group_normalised():
+    z = torch.nn.functional.normalize(torch.randn(64, 4, generator=torch.Generator().manual_seed(1)), dim=-1)
+    text = torch.nn.functional.normalize(torch.randn(3, 4, generator=torch.Generator().manual_seed(2)), dim=-1)
+    logits = (5.0 * z @ text.T).requires_grad_(True)
+    y = torch.randint(0, 3, (64,), generator=torch.Generator().manual_seed(3))
+    old = torch.log_softmax(torch.zeros(64, 3), -1)  # far from the policy -> ratios outside [0.8, 1.2]
+    cfg = FedDTLConfig(sigma=2.0, group_size=3, kl_beta=0.0)
+    loss, st = rl_loss(logits, z, text, torch.tensor(5.0), y, old, old, cfg, torch.Generator().manual_seed(4))
+    assert st["clip_fraction"] > 0 and st["signal_fraction"] > 0 and math.isfinite(float(loss))
+    loss.backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+
+
+def test_fedavg_is_sample_weighted():
+    a, b = {"w": torch.zeros(2)}, {"w": torch.ones(2)}
+    assert torch.allclose(fedavg([a, b], [1, 3])["w"], torch.full((2,), 0.75))
+    with pytest.raises(ValueError):
+        fedavg([a], [0])
+
+
+def test_client_update_rejects_bad_labels_before_training(encoder, task):
+    model = build_model(encoder, small_cfg(), 0)
+    state = init_server(model, task.prompts)
+    before = copy.deepcopy(state.vision)
+    with pytest.raises(ValueError, match="labels"):
+        client_update(model, task.client_x[0], task.client_y[0] + 100, state.vision, state.text_emb[:task.n_base],
+                      small_cfg(), 1, 0, 0)
+    assert all(torch.equal(before[k], state.vision[k]) for k in before)
+
+
+def test_rl_round_uses_the_sft_snapshot(encoder, task):
+    """The hybrid reference depends on the kept SFT snapshot: dropping it changes the RL update."""
+    cfg = small_cfg(kl_beta=5.0)
+    model = build_model(encoder, cfg, 0)
+    state = init_server(model, task.prompts)
+    sft = client_update(model, task.client_x[0], task.client_y[0], state.vision, state.text_emb[:4], cfg, 1, 0, 0)
+    assert sft.snapshot is not None and sft.metrics["stage_rl"] == 0.0
+    with_snap = client_update(model, task.client_x[0], task.client_y[0], state.vision, state.text_emb[:4], cfg, 2, 0,
+                              0, sft.snapshot)
+    without = client_update(model, task.client_x[0], task.client_y[0], state.vision, state.text_emb[:4], cfg, 2, 0,
+                            0, None)
+    assert with_snap.metrics["stage_rl"] == 1.0 and with_snap.snapshot is sft.snapshot
+    assert any(not torch.equal(with_snap.vision_lora[k], without.vision_lora[k]) for k in without.vision_lora)
+
+
+def test_uploads_are_unit_norm_and_subsampled(encoder, task):
+    cfg = small_cfg(upload_per_class=1)
+    model = build_model(encoder, cfg, 0)
+    state = init_server(model, task.prompts)
+    r = client_update(model, task.client_x[2], task.client_y[2], state.vision, state.text_emb[:4], cfg, 1, 2, 0)
+    assert len(r.labels) == len(task.client_y[2].unique())
+    assert torch.allclose(r.embeddings.norm(dim=-1), torch.ones(len(r.labels)), atol=1e-5)
+
+
+def test_server_trains_text_only_when_decoupled(encoder, task):
+    for decoupled in (True, False):
+        cfg = small_cfg(decoupled=decoupled, server_epochs=3)
+        model = build_model(encoder, cfg, 0)
+        state = init_server(model, task.prompts)
+        results = [client_update(model, task.client_x[k], task.client_y[k], state.vision, state.text_emb[:4], cfg,
+                                 1, k, 0) for k in range(3)]
+        new = server_update(model, state, results, task.prompts, task.n_base, cfg, 1, 0)
+        moved = not torch.equal(new.text_emb, state.text_emb)
+        assert moved == decoupled
+        assert new.text_emb.shape == (7, 16)
+
+
+def test_plain_loop_is_repeatable(encoder, task):
+    a = run_federation(encoder, task, small_cfg(), seed=3)
+    b = run_federation(encoder, task, small_cfg(), seed=3)
+    assert a["final"] == b["final"] and a["text_shift"] > 0
+    assert all(torch.equal(a["state"].vision[k], b["state"].vision[k]) for k in a["state"].vision)
+
+
+def test_runs_on_the_default_device(encoder, task):
+    dev = torch.device("cpu")  # the code takes its device from the model; here the test machine's CPU
+    out = run_federation(encoder.to(dev), task, small_cfg(rounds=1, sft_rounds=1), seed=0)
+    assert 0.0 <= out["final"]["hm"] <= 1.0
+
+
+# ---------------------------------------------------------------- Flower
+flwr = pytest.importorskip("flwr")
+
+
+def _fake_reply(lora, emb, lab, n=4):
+    from flwr.app import ArrayRecord, MetricRecord, RecordDict
+    return RecordDict({"arrays": ArrayRecord(torch_state_dict=lora),
+                       "embeddings": ArrayRecord(torch_state_dict={"embeddings": emb, "labels": lab}),
+                       "metrics": MetricRecord({"num-examples": n, "partition-id": 0})})
+
+
+def test_malformed_replies_are_named():
+    from icml26.methods.feddtl.flower import content_problem as reply_problem
+    lora = {"w": torch.zeros(2, 3)}
+    emb, lab = torch.nn.functional.normalize(torch.randn(4, 16), dim=-1), torch.tensor([0, 1, 2, 3])
+    assert reply_problem(_fake_reply(lora, emb, lab), lora, 16, 4) is None
+    assert "shape" in reply_problem(_fake_reply({"w": torch.zeros(3, 3)}, emb, lab), lora, 16, 4)
+    assert "non-finite" in reply_problem(_fake_reply(lora, emb * float("nan"), lab), lora, 16, 4)
+    assert "labels" in reply_problem(_fake_reply(lora, emb, lab + 4), lora, 16, 4)
+    assert "names" in reply_problem(_fake_reply({"v": torch.zeros(2, 3)}, emb, lab), lora, 16, 4)
+    assert "num-examples" in reply_problem(_fake_reply(lora, emb, lab, n=0), lora, 16, 4)
+
+
+def test_flower_simulation_equals_the_plain_loop(encoder):
+    """Flower's own simulation engine (Ray backend), 2 clients, 2 rounds (SFT then RL, so the RL round needs the
+    SFT snapshot from the client's persistent context.state): same global LoRA, text embeddings and metrics."""
+    pytest.importorskip("ray")
+    from icml26.methods.feddtl.flower import run_simulation_federation
+    task = make_task(1, n_base=3, n_novel=2, num_clients=2, train_per_class=6, val_per_class=2, test_per_class=3)
+    cfg = small_cfg(kl_beta=5.0)
+    ref = run_federation(encoder, task, cfg, seed=5)
+    out = run_simulation_federation(encoder, task, cfg, seed=5)
+    assert out["rejected"] == [] and out["participants"] == [[0, 1], [0, 1]]
+    for k, v in ref["state"].vision.items():
+        assert torch.allclose(v, out["state"].vision[k], atol=1e-6), k
+    assert torch.allclose(ref["state"].text_emb, out["state"].text_emb, atol=1e-6)
+    assert out["final"] == pytest.approx(ref["final"], abs=1e-6)
+
+
+# ---------------------------------------------------------------- claims
+def test_claims_run_at_smoke_and_null_arm_fails_comparator(tmp_path):
+    from icml26.harness.runner import run_spec
+    from icml26.methods.feddtl import experiments as ex
+    spec = ex.SPECS[0]
+    res = run_spec(spec, "smoke", tmp_path)
+    assert res["verdict"] == "inconclusive" and set(res["arms"]) == set(ex.ARMS)
+    # the method switched back to the baseline: feddtl's switches = fedlora's -> the statistic is 0 and fails
+    config = dict(spec.tiers["smoke"])
+    lrs = {"feddtl": 1e-3, "fedlora": 1e-3}
+    a = ex._federate(config, "fedlora", lrs["fedlora"], 0)["final"]
+    b = ex._federate(config, "fedlora", lrs["feddtl"], 0)["final"]
+    null = b["base_accuracy"] - a["base_accuracy"]
+    assert null == 0.0 and not spec.comparator.holds(null)
+    for s in ex.SPECS:
+        assert not s.comparator.holds(s.null_value)
