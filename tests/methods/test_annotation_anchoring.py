@@ -306,3 +306,32 @@ def test_before_prompt_placement():
     with pytest.raises(ValueError, match="annotation_start_ids"):
         AnchoredSFTTrainer(model, torch.optim.SGD(model.parameters(), lr=0.0), AnnotationAnchoringConfig(
             annotation_position="before_prompt")).sample(torch.tensor([[1, 2]]))
+
+
+# -- the claim (protocol v2) -----------------------------------------------------------------------------------
+def test_null_arm_is_rejected_by_the_comparator(tmp_path, monkeypatch):
+    """Anchored switched back to plain SFT (plain base, no annotation, SFT's rate): the statistic is exactly 0."""
+    from icml26.methods.annotation_anchoring.experiments import SPECS
+
+    monkeypatch.setenv("ICML26_CACHE", str(tmp_path))
+    spec = SPECS[0]
+    cfg = {**spec.tiers["smoke"], "n_samples": 16}
+    out = spec.run({**cfg, "null": True}, 0, spec.prepare(cfg))
+    assert out["arms"]["anchored"]["topic_entropy_good"] == out["arms"]["sft"]["topic_entropy_good"]
+    value = out["statistics"][spec.comparator.statistic]
+    assert value == 0.0 and not spec.comparator.holds(value)
+    assert spec.null_value == 0.0 and not spec.comparator.holds(spec.null_value)
+    assert {c.name for c in spec.checks} <= set(out["checks"])
+
+
+def test_pretraining_mix_puts_annotations_after_the_prompt():
+    from icml26.methods.annotation_anchoring.experiments import BOS, PROMPT, pretrain_example
+
+    corpus = TopicCorpus()
+    gen = torch.Generator().manual_seed(0)
+    docs = [pretrain_example(corpus, True, gen, p_qa=0.5, p_format=0.3) for _ in range(400)]
+    qa = [d for d in docs if bytes(d.prompt).decode("latin-1") == BOS + PROMPT]
+    assert 150 < len(qa) < 250  # about half are Q/A pages, annotated after the prompt
+    formatted = [d for d in qa if d.response[0] == ord("<")]
+    assert 0.15 < len(formatted) / len(qa) < 0.45
+    assert all(bytes(d.annotation).decode("latin-1").startswith("#") for d in docs)
