@@ -254,15 +254,25 @@ def test_future_tokens_never_change_past_outputs(attention):
 
 def test_gate_initialisation():
     torch.manual_seed(0)
-    fix = FiXAttention(64, 4, max_seq_len=32)
+    first = dict(gate_rank=16, gate_bottleneck_norm=False, a_init_range=(1.0, 16.0), output_norm_shared=False)
+    fix = FiXAttention(64, 4, max_seq_len=32, **first)   # this room's first reconstruction
     x = F.rms_norm(torch.randn(2, 16, 64), (64,))
     f = fix.log_forget(x).exp()
     assert f.shape == (2, 4, 16, 16)
     # Mamba-style spectrum: A in [1, 16] and softplus(dt_bias) in [1e-3, 1e-1] give f in [exp(-1.6), exp(-1e-3)] at
     # g = 0; the small data-dependent g widens that a little.
     assert 0.1 < f.min() and f.max() < 1.0 and f.median() > 0.85
-    sig = FiXAttention(64, 4, max_seq_len=32, gate_form="sigmoid").log_forget(x).exp()
-    assert torch.allclose(sig, torch.full_like(sig, 0.5 ** (1 / 16)), atol=1e-2)   # logsigmoid(~0) / 16
+    # Official-kernel-benchmark defaults: rank ceil(64/16) = 4 with an RMSNorm bottleneck, A ~ U(0, 16], one
+    # output-norm gain of size head_dim shared by the heads.
+    bench = FiXAttention(64, 4, max_seq_len=32)
+    assert bench.gate_down.weight.shape == (4, 64) and bench.bottleneck_norm
+    assert bench.output_norm.weight.shape == (16,)
+    a = bench.A_log.exp()
+    assert 0 < a.min() and a.max() <= 16 and a.min() < 1.0   # 64 draws from U(0, 16]: some below Mamba's floor 1
+    fb = bench.log_forget(x).exp()
+    assert 0 < fb.min() and fb.max() < 1.0
+    sig = FiXAttention(64, 4, max_seq_len=32, gate_form="sigmoid", **first).log_forget(x).exp()
+    assert torch.allclose(sig, torch.full_like(sig, 0.5 ** (1 / 16)), atol=2e-2)   # logsigmoid(~0) / 16
     fox = FoXAttention(64, 4, fgate_type="bias_only", decay_time_min=2.0, decay_time_max=64.0)
     log_f = fox.log_forget(x)[0, :, 0]
     assert_close("-1/tau", -1.0 / torch.exp(torch.linspace(math.log(2.0), math.log(64.0), 4)), log_f, 1e-6)
@@ -307,34 +317,75 @@ def test_fixed_fox_gate_needs_decay_times():
     FixConfig(attention="fox", fgate_type="fixed", decay_time_min=1.0, decay_time_max=100.0)
 
 
-# ---------------------------------------------------------------------------------------------------- experiments
-def test_context_penalty_scores_the_same_byte_with_full_and_truncated_prefix():
-    from icml26.methods.fix_attention.experiments import context_penalty
-
+# ---------------------------------------------------------------------------------------------- new gate options
+def test_token_gates_in_layer_zero_follow_the_token_ids():
     torch.manual_seed(0)
-    model = build_tiny_lm(TinyLMConfig(**{**TINY, "max_seq_len": 40}), attention="softmax").eval()
-    x = tiny_tokens(2, 40, vocab=64, seed=3)
-    y = tiny_tokens(2, 40, vocab=64, seed=4)
-    positions, full, truncated = context_penalty(model, x, y, train_len=8, stride=5)
-    assert positions == list(range(8, 40, 5))
-    with torch.no_grad():
-        for i, p in enumerate(positions):
-            want_full = sum(F.cross_entropy(model(x[w:w + 1, : p + 1])[0][0, -1], y[w, p]) for w in range(2)) / 2
-            want_trunc = sum(F.cross_entropy(model(x[w:w + 1, p - 7: p + 1])[0][0, -1], y[w, p]) for w in range(2)) / 2
-            assert abs(full[i] - want_full) < 1e-5 and abs(truncated[i] - want_trunc) < 1e-5
+    model = build_tiny_lm(TinyLMConfig(**{**TINY, "max_seq_len": 40}), attention="fix")
+    layers = [m for m in model.modules() if isinstance(m, FiXAttention)]
+    assert layers[0].token_gates and layers[0].gate_embed is not None and layers[0].gate_down is None
+    assert all(not layer.token_gates and layer.gate_down is not None for layer in layers[1:])
+    ids = tiny_tokens(2, 12, vocab=TINY["vocab_size"], seed=5)
+    model(ids)
+    assert torch.equal(layers[0].token_ids, ids)
+    # Same token, same layer-0 gate, whatever the hidden state: the gate is a function of the id alone.
+    x = torch.randn(2, 12, TINY["d_model"])
+    g1 = layers[0].log_forget(x)
+    g2 = layers[0].log_forget(torch.randn(2, 12, TINY["d_model"]))
+    assert torch.equal(g1, g2)
+    standalone = FiXAttention(32, 4, max_seq_len=16)             # no host model, no ids: hidden-state gates
+    assert not standalone.token_gates and standalone.gate_down is not None
 
 
-def test_context_penalty_is_zero_for_a_model_that_ignores_context():
-    from icml26.methods.fix_attention.experiments import context_penalty
+def test_fox_qk_norm_uses_the_official_layer_norm_eps():
+    layer = FoXAttention(32, 4, qk_norm=True)
+    assert layer.q_norm.eps == 1e-5 and layer.k_norm.eps == 1e-5
+    assert FoXAttention(32, 4, qk_norm=True, norm_eps=1e-6, fox_output_norm=True).output_norm.eps == 1e-6
 
-    class Bigram(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.table = torch.nn.Embedding(64, 64)
 
-        def forward(self, idx):
-            return self.table(idx), None
+def test_gate_strength_may_start_at_zero_and_rank_defaults_to_d_over_16():
+    assert FixConfig(a_init_range=(0.0, 16.0)).a_init_range == (0.0, 16.0)
+    with pytest.raises(ValueError, match="dt_init_range"):
+        FixConfig(dt_init_range=(0.0, 0.1))
+    assert FixConfig().rank_for(64) == 4 and FixConfig().rank_for(65) == 5 and FixConfig(gate_rank=0).rank_for(64) == 0
 
-    x, y = tiny_tokens(3, 30, vocab=64, seed=1), tiny_tokens(3, 30, vocab=64, seed=2)
-    _, full, truncated = context_penalty(Bigram(), x, y, train_len=6, stride=1)
-    assert torch.equal(full, truncated)
+
+# ---------------------------------------------------------------------------------------------------- experiments
+def _fixed_prepared(lr=3e-3):
+    from icml26.methods.fix_attention.experiments import ARMS, DEFAULT_OPTION
+
+    return {"tuning": {"lr": {"chosen": {a: lr for a in ARMS}, "on_edge": []},
+                       "options": {"chosen": dict(DEFAULT_OPTION), "on_edge": []}}}
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_null_arm_fix_switched_back_to_fox_fails_the_comparator(index):
+    """The FiX slot trained as FoX (same option, lr, seed and batches): the statistic is exactly 0 and rejected."""
+    from icml26.methods.fix_attention.experiments import SPECS
+
+    spec = SPECS[index]
+    result = spec.run(spec.tiers["smoke"], 0, _fixed_prepared(), method_as="fox")
+    value = result["statistics"][spec.comparator.statistic]
+    assert value == 0.0 and not spec.comparator.holds(value) and not spec.comparator.holds(spec.null_value)
+    assert result["checks"]["fix_gate_channel_spread"] == 0.0        # and the mechanism check flags it
+
+
+def test_claims_run_end_to_end_and_report_their_checks():
+    from icml26.methods.fix_attention.experiments import SPECS
+
+    for spec in SPECS:
+        result = spec.run(spec.tiers["smoke"], 0, _fixed_prepared())
+        assert math.isfinite(result["statistics"][spec.comparator.statistic])
+        assert result["checks"]["param_gap"] <= 0.01 and result["checks"]["fix_gate_channel_spread"] > 0
+
+
+def test_tuning_gives_both_arms_the_same_budget(monkeypatch):
+    from icml26.methods.fix_attention import experiments
+
+    calls = []
+    monkeypatch.setattr(experiments, "_train", lambda key, seed, arm, option, lr, long: calls.append(
+        (arm, option, lr, seed)) or {"val_loss": (math.log(lr) - math.log(3e-3)) ** 2 + len(option) * 1e-3})
+    out = experiments.prepare(experiments.TIERS["smoke"])["tuning"]
+    per_arm = {arm: sum(1 for c in calls if c[0] == arm) for arm in experiments.ARMS}
+    assert per_arm["fix"] == per_arm["fox"] == 6 and all(c[3] >= 1000 for c in calls)
+    assert out["lr"]["chosen"] == {"fix": 3e-3, "fox": 3e-3} and out["lr"]["on_edge"] == []
+    assert set(out["options"]["chosen"]) == {"fix", "fox"}

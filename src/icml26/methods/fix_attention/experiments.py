@@ -1,30 +1,21 @@
-"""FiX's claims at laptop scale: byte-level LM validation loss, and context use beyond the training length.
+"""FiX against FoX at laptop scale: byte-level LM validation loss, and the loss on long context beyond the training
+length (FiX abstract: lower training loss and better long-context results than FoX).
 
-Protocol (the specs share the trained models; a run trains each (seed, arm) once per process):
-1. Arms: ``fix`` (this room's defaults), ``fox`` (official FoX defaults: NoPE, data-dependent scalar gate, no output
-   norm) and ``softmax_rope`` (TinyLM's softmax + RoPE). Same TinyLM otherwise, the same initialisation rule.
-   ``fix_sigmoid`` (FiX with per-channel sigmoid gates at temperature 1, i.e. starting near f = 0.5 like FoX's) is
-   the arm of a follow-up spec registered after a diagnostic on seed 0 (see the README); it runs on fresh seeds.
-2. Equal parameters: the SwiGLU width of each arm is reduced so its total parameter count matches softmax_rope's as
-   closely as a width step allows (FoX-Pro pays for its gates the same way). The counts are reported.
-3. Equal budget: one fixed recipe for every arm, not tuned for any (AdamW lr 3e-3, betas (0.9, 0.95), no weight
-   decay, 10% linear warm-up then cosine to 10%, clip 1.0), the same steps and the same batches per seed.
-4. Validation loss: mean next-byte cross-entropy (nats) on fixed windows of T_train from the corpus' held-out tail.
-5. Context penalty (length extrapolation with the content cancelled): on fixed windows of T_eval = 4 T_train from
-   the same tail, for target positions p >= T_train (every ``context_stride``-th), the loss of predicting byte p+1
-   from the full prefix minus the loss of predicting it from only the last T_train bytes (a window the model was
-   trained on). Both losses score the same byte, so the text cancels; a positive penalty means the context beyond
-   T_train hurts. The statistic averages it over the last quarter of T_eval.
+Protocol (pre-registered in the README before the first run of this version):
+1. Arms: ``fix`` (per-channel forget gates on the values + output RMSNorm) and ``fox`` (the official FoX layer,
+   scalar gate per head). Same TinyLM otherwise, the same initialisation rule, the same parameter count (each
+   arm's SwiGLU width is set so its total matches the plain softmax + RoPE TinyLM's as closely as a width step
+   allows), the same steps and the same batches per seed.
+2. Tuning, the same budget for both arms (harness ``tune_per_arm``, tuning seed 1000, score = validation loss):
+   first the learning rate on ``LogGrid(3e-3, factor 3, size 3)`` with each arm's default options, then at that
+   learning rate a ``ListGrid`` of three options per arm: FiX's reconstructed gate variants (``FIX_OPTIONS``) and
+   FoX's official block variants (``FOX_OPTIONS``).
+3. Validation loss: mean next-byte cross-entropy (nats) on fixed windows of T_train from the held-out tail.
+4. Long-context loss: on fixed windows of T_eval = 4 T_train from the same tail, the mean loss of the targets in
+   the last quarter of T_eval, each given its full prefix (3-4x longer than any context seen in training).
 
-Comparators (fixed before any run):
-- ``val_loss_order``: ``order_margin = min(L_FoX - L_FiX, L_softmax - L_FoX) >= 0`` (both orderings hold).
-- ``context_extrapolation``: ``extrapolation_margin = min(pen_softmax - 0.10, 0.05 - max(pen_FoX, pen_FiX)) >= 0``:
-  softmax + RoPE loses at least 0.10 nats from the extra context while FoX and FiX lose at most 0.05 (flat).
-- ``val_loss_order_sigmoid_gates``: the same order margin with ``fix_sigmoid`` in FiX's place, on seeds 100-102.
-
-The first length-extrapolation spec (rise of the raw per-position loss from the last quarter of T_train to the last
-quarter of T_eval, 4 windows) compared two stretches of text rather than two contexts; it was retired after its
-quick-tier run and is kept only in the README's history.
+Statistics (paired per seed, FoX minus FiX, so > 0 means FiX is better; 0 when FiX is switched back to FoX):
+``val_gain = L_FoX - L_FiX`` and ``long_gain = L^long_FoX - L^long_FiX``.
 """
 
 from __future__ import annotations
@@ -36,65 +27,54 @@ import time
 from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 
 from ...core.seeding import seed_everything
-from ...harness.spec import Comparator, ExperimentSpec
+from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
+from ...harness.tuning import ListGrid, LogGrid, tune_per_arm
 from ...models.tiny_lm import TinyLMConfig
-from .layers import build_tiny_lm
+from .layers import FiXAttention, build_tiny_lm
 
-ARMS = ("fix", "fox", "softmax_rope")
-SIGMOID_ARMS = ("fix_sigmoid", "fox", "softmax_rope")
-# arm -> (attention kind, layer options)
-ARM_LAYERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "fix": ("fix", {}), "fox": ("fox", {}), "softmax_rope": ("softmax", {}),
-    "fix_sigmoid": ("fix", {"gate_form": "sigmoid", "gate_temperature": 1.0}),
+ARMS = ("fix", "fox")
+# Candidate settings of each arm's uncertain or optional parts, tuned with the same budget (3 each).
+FIX_OPTIONS: dict[str, dict[str, Any]] = {
+    # The official-kernel benchmark's gates (the defaults of FixConfig): layer-0 gates from a token embedding,
+    # W_up RMSNorm(W_down x) with rank ceil(d/16) and a dt bias, A ~ U(0, 16], one shared output-norm gain.
+    "kernel_bench": {},
+    # This room's first reconstruction: hidden-state gates everywhere, W_up W_down x with rank 16, A ~ U[1, 16],
+    # per-head output-norm gains.
+    "first_reconstruction": {"gate_rank": 16, "gate_bottleneck_norm": False, "gate_layer0_source": "hidden",
+                             "a_init_range": (1.0, 16.0), "output_norm_shared": False},
+    # Sigmoid gates at temperature 1 (f near 0.5 at init, FoX's starting point), kernel-benchmark layout otherwise.
+    "sigmoid_f05": {"gate_form": "sigmoid", "gate_temperature": 1.0},
 }
-PENALTY_MIN, FLAT_MAX = 0.10, 0.05
+FOX_OPTIONS: dict[str, dict[str, Any]] = {
+    "base": {},                                                  # official default: NoPE, full gate, no norms
+    "rope": {"rope": True},                                      # FoX with RoPE (FoX paper, ablation)
+    "pro": {"qk_norm": True, "fox_output_norm": True, "output_gate": True},   # FoX Pro block parts (QK-norm eps 1e-5)
+}
+OPTIONS = {"fix": FIX_OPTIONS, "fox": FOX_OPTIONS}
+DEFAULT_OPTION = {"fix": "kernel_bench", "fox": "base"}
+ATTENTION = {"fix": "fix", "fox": "fox", "softmax_rope": "softmax"}
 
-CLAIM_LOSS = ("At equal parameters and steps, FiX reaches a lower language-modelling loss than FoX, and FoX than "
-              "softmax attention with RoPE (FiX abstract: lower training loss; FoX paper: FoX beats the Transformer)")
-CLAIM_EXTRAPOLATION = ("Trained at T=256 and evaluated at T=1024, FoX and FiX lose nothing from the context beyond the "
-                       "training length while softmax attention with RoPE alone gets worse with it (FoX paper, length "
-                       "extrapolation; FiX abstract, long context)")
-CLAIM_SIGMOID = ("Follow-up registered after a seed-0 diagnostic: FiX with per-channel sigmoid forget gates started "
-                 "near f = 0.5 (FoX's starting point) reaches a lower loss than FoX, and FoX than softmax + RoPE, on "
-                 "fresh seeds")
-COMPARATOR_LOSS = Comparator(
-    "order_margin", ">=", 0.0,
-    "min(L_FoX - L_FiX, L_softmax - L_FoX) >= 0: validation loss FiX <= FoX <= softmax+RoPE, both gaps at once")
-COMPARATOR_EXTRAPOLATION = Comparator(
-    "extrapolation_margin", ">=", 0.0,
-    f"min(pen_softmax - {PENALTY_MIN}, {FLAT_MAX} - max(pen_FoX, pen_FiX)) >= 0, with pen = loss of a byte given its "
-    f"full prefix minus its loss given only the last T_train bytes, averaged over the last quarter of T_eval: "
-    f"softmax+RoPE loses >= {PENALTY_MIN} nats from the extra context while FoX and FiX lose <= {FLAT_MAX}")
-COMPARATOR_SIGMOID = Comparator(
-    "order_margin", ">=", 0.0,
-    "min(L_FoX - L_FiX-sigmoid, L_softmax - L_FoX) >= 0 on seeds 100-102: FiX (sigmoid gates, tau 1) <= FoX <= "
-    "softmax+RoPE")
-
-# The fields that define a trained model and its evaluation; specs sharing these values share the models.
-_TRAIN_KEYS = ("corpus", "d_model", "n_layers", "n_heads", "train_len", "eval_len", "batch_size", "steps", "lr",
-               "n_val_batches", "context_windows", "context_stride", "threads", "log_every")
+CLAIM_LOSS = ("At equal parameters, steps and tuning budget, FiX (per-channel forget gates on the values) reaches a "
+              "lower language-modelling loss than FoX (one scalar forget gate per head)")
+CLAIM_LONG = ("FiX gives better long-context results than FoX: trained at T_train, its loss on targets 3-4x T_train "
+              "deep in a long context is lower than FoX's")
+GATE_SPREAD = 0.1
 
 
-def model_config(config: Mapping[str, Any], arm: str) -> TinyLMConfig:
-    """The arm's TinyLMConfig, with the SwiGLU width chosen so its parameter count matches softmax_rope's."""
+def model_config(config: Mapping[str, Any], arm: str, option: str) -> TinyLMConfig:
+    """The arm's TinyLMConfig, with the SwiGLU width chosen so its parameter count matches softmax + RoPE's."""
     base = TinyLMConfig(d_model=config["d_model"], n_layers=config["n_layers"], n_heads=config["n_heads"],
                         max_seq_len=config["eval_len"])
-    if arm == "softmax_rope":
-        return base
     target = build_tiny_lm(base, attention="softmax").num_parameters()
-    extra = _build(base, arm).num_parameters() - target
-    # Each SwiGLU hidden unit costs 3 d_model parameters per layer.
-    step = 3 * config["d_model"] * config["n_layers"]
-    hidden = base.hidden_dim - round(extra / step)
-    return TinyLMConfig(**{**base.__dict__, "mlp_hidden": hidden})
+    extra = _build(base, arm, option).num_parameters() - target
+    step = 3 * config["d_model"] * config["n_layers"]           # each SwiGLU hidden unit costs 3 d per layer
+    return TinyLMConfig(**{**base.__dict__, "mlp_hidden": base.hidden_dim - round(extra / step)})
 
 
-def _build(tiny: TinyLMConfig, arm: str):
-    attention, options = ARM_LAYERS[arm]
-    return build_tiny_lm(tiny, attention=attention, **options)
+def _build(tiny: TinyLMConfig, arm: str, option: str):
+    return build_tiny_lm(tiny, attention=ATTENTION[arm], **(OPTIONS.get(arm, {}).get(option, {})))
 
 
 def _lr_at(step: int, steps: int, peak: float) -> float:
@@ -112,36 +92,30 @@ def _windows(tokens: torch.Tensor, n: int, length: int, seed: int) -> tuple[torc
 
 
 @torch.no_grad()
-def context_penalty(model, x: torch.Tensor, y: torch.Tensor, train_len: int, stride: int,
-                    ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """Loss of each target given its full prefix and given only its last ``train_len`` bytes.
-
-    Args:
-        model: a TinyLM (``model(x)`` returns (logits, loss)).
-        x, y: (W, T_eval) input bytes and next-byte targets.
-        train_len: T_train, the context length the model was trained at.
-        stride: score every ``stride``-th position from T_train on.
-    Returns:
-        positions p (P,), full-prefix loss (P,) and truncated-prefix loss (P,), each averaged over the W windows.
-        The truncated loss of target p comes from the last row of a forward pass over x[p - T_train + 1 : p + 1].
-    """
-    positions = list(range(train_len, x.shape[1], stride))
-    index = torch.tensor(positions)
-    full = torch.zeros(len(positions))
-    truncated = torch.zeros(len(positions))
-    offsets = torch.arange(-train_len + 1, 1)
-    for row in range(x.shape[0]):           # one window at a time keeps T_eval x T_eval scores small
-        logits, _ = model(x[row:row + 1])
-        full += F.cross_entropy(logits[0, index], y[row, index], reduction="none")
-        contexts = x[row][index[:, None] + offsets]                      # (P, T_train)
-        logits, _ = model(contexts)
-        truncated += F.cross_entropy(logits[:, -1], y[row, index], reduction="none")
-    return positions, full / x.shape[0], truncated / x.shape[0]
+def gate_channel_spread(model, x: torch.Tensor) -> float:
+    """How fine-grained FiX's trained gates are: mean over layers, heads and tokens of the std of log f across a
+    head's channels, divided by the mean |log f| (0 for head-tied gates). NaN when the model has no FiX layer."""
+    layers = [m for m in model.modules() if isinstance(m, FiXAttention)]
+    if not layers:
+        return float("nan")
+    captured = []
+    hooks = [layer.register_forward_pre_hook(lambda mod, args: captured.append((mod, args[0]))) for layer in layers]
+    try:
+        model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    ratios = []
+    for layer, inp in captured:
+        log_f = layer.log_forget(inp)                             # (B, H, T, Dh or 1)
+        ratios.append(float(log_f.std(dim=-1).mean() / log_f.abs().mean().clamp_min(1e-12)) if log_f.shape[-1] > 1
+                      else 0.0)
+    return sum(ratios) / len(ratios)
 
 
-@functools.lru_cache(maxsize=64)
-def _train(config_json: str, seed: int, arm: str) -> dict:
-    """Train one arm on one seed; returns losses, the context penalty curve, parameter count and wall time."""
+@functools.lru_cache(maxsize=128)
+def _train(config_json: str, seed: int, arm: str, option: str, lr: float, evaluate_long: bool) -> dict:
+    """Train one arm (with ``option``) on one seed at peak ``lr``; returns its losses and diagnostics."""
     from ...data.text import load_corpus, sample_batch
 
     config = json.loads(config_json)
@@ -150,16 +124,16 @@ def _train(config_json: str, seed: int, arm: str) -> dict:
     torch.set_num_threads(config["threads"])
     try:
         seed_everything(seed)
-        model = _build(model_config(config, arm), arm)
+        model = _build(model_config(config, arm, option), arm, option)
         split = load_corpus(config["corpus"])
         batches = torch.Generator().manual_seed(1000 + seed)            # the same batches for every arm
-        opt = torch.optim.AdamW(model.parameters(), lr=config["lr"], betas=(0.9, 0.95), weight_decay=0.0)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
         curve = []
         start = time.perf_counter()
         model.train()
         for step in range(config["steps"]):
             for group in opt.param_groups:
-                group["lr"] = _lr_at(step, config["steps"], config["lr"])
+                group["lr"] = _lr_at(step, config["steps"], lr)
             x, y = sample_batch(split.train, config["batch_size"], config["train_len"], batches)
             loss = model(x, y)[1]
             opt.zero_grad(set_to_none=True)
@@ -173,59 +147,85 @@ def _train(config_json: str, seed: int, arm: str) -> dict:
         with torch.no_grad():
             val = [model(*_windows(split.val, config["batch_size"], config["train_len"], 12345 + i))[1]
                    for i in range(config["n_val_batches"])]
-        result = {"val_loss": float(torch.stack(val).mean()), "curve": curve, "n_params": model.num_parameters(),
-                  "mlp_hidden": model.config.hidden_dim, "train_wall_s": wall}
-        if config["context_windows"]:
+        value = float(torch.stack(val).mean())
+        result = {"val_loss": value if math.isfinite(value) else float("inf"), "curve": curve,
+                  "n_params": model.num_parameters(), "mlp_hidden": model.config.hidden_dim, "train_wall_s": wall}
+        if evaluate_long:
             x, y = _windows(split.val, config["context_windows"], config["eval_len"], 54321)
-            positions, full, truncated = context_penalty(model, x, y, config["train_len"], config["context_stride"])
-            result.update(positions=positions, loss_full=full.tolist(), loss_truncated=truncated.tolist())
+            start_pos = config["eval_len"] - config["eval_len"] // 4
+            with torch.no_grad():
+                logits, _ = model(x)
+                losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # (W, T)
+            result["long_loss"] = float(losses[:, start_pos:].mean())
+            result["loss_by_position"] = losses.mean(0).tolist()
+            result["gate_spread"] = gate_channel_spread(model, x[:1, : config["train_len"]])
         return result
     finally:
         torch.set_num_threads(threads)
 
 
-def _train_all(config: Mapping[str, Any], seed: int, arms: tuple[str, ...]) -> dict[str, dict]:
-    key = json.dumps({k: config[k] for k in _TRAIN_KEYS}, sort_keys=True)
-    return {arm: _train(key, seed + config.get("seed_offset", 0), arm) for arm in arms}
+def _key(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True)
 
 
-def _val_loss_result(runs: dict[str, dict], arms: tuple[str, ...]) -> dict:
-    metrics = {arm: {"val_loss": r["val_loss"], "final_train_loss": r["curve"][-1][1],
-                     "n_params": float(r["n_params"]), "mlp_hidden": float(r["mlp_hidden"]),
-                     "train_wall_s": r["train_wall_s"]} for arm, r in runs.items()}
-    fix, fox, soft = (runs[a]["val_loss"] for a in arms)
-    statistics = {"order_margin": min(fox - fix, soft - fox), "fix_minus_fox": fix - fox,
-                  "fox_minus_softmax": fox - soft}
-    return {"arms": metrics, "statistics": statistics, "curves": {arm: r["curve"] for arm, r in runs.items()}}
+def prepare(config: Mapping[str, Any]) -> dict:
+    """Equal tuning budget per arm: 3 learning rates (default options), then 3 options at the chosen rate."""
+    key = _key(config)
+    lr_grid = {arm: LogGrid(center=config["lr_center"], factor=3.0, size=3) for arm in ARMS}
+    lr = tune_per_arm(lr_grid, lambda arm, value, seed: _train(key, seed, arm, DEFAULT_OPTION[arm], value, False)
+                      ["val_loss"], mode="min", desc="fix_attention lr")
+    option_grid = {arm: ListGrid(tuple(OPTIONS[arm])) for arm in ARMS}
+    options = tune_per_arm(option_grid, lambda arm, value, seed: _train(key, seed, arm, value, lr["chosen"][arm],
+                                                                        False)["val_loss"],
+                           mode="min", desc="fix_attention options")
+    return {"tuning": {"lr": lr, "options": options}}
 
 
-def run_val_loss(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
-    """Validation loss of every arm at equal parameters and steps; statistic ``order_margin``."""
-    return _val_loss_result(_train_all(config, seed, ARMS), ARMS)
+def _choice(prepared: Mapping, arm: str) -> tuple[str, float]:
+    tuning = prepared["tuning"]
+    return tuning["options"]["chosen"][arm], tuning["lr"]["chosen"][arm]
 
 
-def run_val_loss_sigmoid(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
-    """The follow-up: ``fix_sigmoid`` in FiX's place, seeds offset by ``config['seed_offset']``."""
-    return _val_loss_result(_train_all(config, seed, SIGMOID_ARMS), SIGMOID_ARMS)
+def seed_runs(config: Mapping[str, Any], seed: int, prepared: Mapping, method_as: str = "fix") -> dict[str, dict]:
+    """Both arms on one reported seed. ``method_as="fox"`` is the null arm: the FiX slot trains FoX (its tuned
+    option and learning rate), i.e. the method switched back to the baseline."""
+    key = _key(config)
+    runs = {}
+    for arm in ARMS:
+        source = method_as if arm == "fix" else arm
+        option, lr = _choice(prepared, source)
+        runs[arm] = {**_train(key, seed, source, option, lr, True), "option": option, "lr": lr}
+    return runs
 
 
-def run_context_extrapolation(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
-    """Context penalty beyond T_train of every arm; statistic ``extrapolation_margin``."""
-    runs = _train_all(config, seed, ARMS)
-    quarter = config["eval_len"] - config["eval_len"] // 4
-    arms, penalties, curves = {}, {}, {}
-    for arm, r in runs.items():
-        gap = [f - t for f, t in zip(r["loss_full"], r["loss_truncated"])]
-        last = [g for p, g in zip(r["positions"], gap) if p >= quarter]
-        full = [f for p, f in zip(r["positions"], r["loss_full"]) if p >= quarter]
-        truncated = [t for p, t in zip(r["positions"], r["loss_truncated"]) if p >= quarter]
-        penalties[arm] = sum(last) / len(last)
-        arms[arm] = {"context_penalty": penalties[arm], "loss_full_prefix": sum(full) / len(full),
-                     "loss_last_train_len": sum(truncated) / len(truncated),
-                     "context_penalty_all_positions": sum(gap) / len(gap)}
-        curves[arm] = [r["positions"], gap]
-    margin = min(penalties["softmax_rope"] - PENALTY_MIN, FLAT_MAX - max(penalties["fox"], penalties["fix"]))
-    return {"arms": arms, "statistics": {"extrapolation_margin": margin}, "curves": curves}
+def _arms(runs: dict[str, dict]) -> dict:
+    return {arm: {"val_loss": r["val_loss"], "long_context_loss": r["long_loss"], "final_train_loss": r["curve"][-1][1],
+                  "n_params": float(r["n_params"]), "mlp_hidden": float(r["mlp_hidden"]), "lr": r["lr"],
+                  "train_wall_s": r["train_wall_s"]} for arm, r in runs.items()}
+
+
+def _checks(runs: dict[str, dict]) -> dict:
+    spread = runs["fix"]["gate_spread"]
+    return {"fix_gate_channel_spread": spread if math.isfinite(spread) else 0.0,
+            "param_gap": abs(runs["fix"]["n_params"] - runs["fox"]["n_params"]) / runs["fox"]["n_params"]}
+
+
+def run_val_loss(config: Mapping[str, Any], seed: int, prepared: Any, method_as: str = "fix") -> dict:
+    """Validation loss of both arms; statistic ``val_gain = L_FoX - L_FiX``."""
+    runs = seed_runs(config, seed, prepared, method_as)
+    gain = runs["fox"]["val_loss"] - runs["fix"]["val_loss"]
+    return {"arms": _arms(runs), "statistics": {"val_gain": gain}, "checks": _checks(runs),
+            "curves": {arm: r["curve"] for arm, r in runs.items()}}
+
+
+def run_long_context(config: Mapping[str, Any], seed: int, prepared: Any, method_as: str = "fix") -> dict:
+    """Loss deep in a 4x-longer context; statistic ``long_gain = L^long_FoX - L^long_FiX``."""
+    runs = seed_runs(config, seed, prepared, method_as)
+    gain = runs["fox"]["long_loss"] - runs["fix"]["long_loss"]
+    curves = {arm: [list(range(len(r["loss_by_position"]))), r["loss_by_position"]] for arm, r in runs.items()}
+    return {"arms": _arms(runs), "statistics": {"long_gain": gain, "val_gain": runs["fox"]["val_loss"] -
+                                                runs["fix"]["val_loss"]},
+            "checks": _checks(runs), "curves": curves}
 
 
 def plot_training(result: dict, ax) -> None:
@@ -242,76 +242,68 @@ def plot_training(result: dict, ax) -> None:
     ax.legend(fontsize=8)
 
 
-def plot_context_penalty(result: dict, ax) -> None:
-    """Context penalty by position (mean over seeds, smoothed over 8 points); 0 means the extra context is free."""
+def plot_by_position(result: dict, ax) -> None:
+    """Loss by target position on the long windows (mean over seeds, smoothed over 16 positions)."""
     import numpy as np
 
+    config = result["run_info"]["config"]
     for arm in result["arms_order"]:
         runs = [r["curves"][arm] for r in result["seed_results"] if arm in r.get("curves", {})]
         if runs:
-            positions = np.asarray(runs[0][0])
             mean = np.mean([r[1] for r in runs], axis=0)
-            width = max(1, min(8, len(mean) // 4))
-            smooth = np.convolve(mean, np.ones(width) / width, mode="valid")
-            ax.plot(positions[width // 2: width // 2 + len(smooth)], smooth, label=arm)
-    config = result["run_info"]["config"]
-    ax.axhline(0.0, color="k", lw=0.8)
-    ax.axvline(config["eval_len"] - config["eval_len"] // 4, color="k", ls=":", lw=1, label="scored from here")
-    ax.set_xlabel("target position (trained at T = %d)" % config["train_len"])
-    ax.set_ylabel("loss(full prefix) - loss(last T_train bytes)")
+            smooth = np.convolve(mean, np.ones(16) / 16, mode="valid")
+            ax.plot(np.arange(len(smooth)) + 8, smooth, label=arm)
+    ax.axvline(config["train_len"], color="k", ls=":", lw=1, label="T_train")
+    ax.axvline(config["eval_len"] - config["eval_len"] // 4, color="k", ls="--", lw=1, label="scored from here")
+    ax.set_xlabel("target position")
+    ax.set_ylabel("loss (nats/byte)")
     ax.legend(fontsize=8)
 
 
 def _tier(**overrides: Any) -> dict:
-    base = {"corpus": "shakespeare", "d_model": 64, "n_layers": 2, "n_heads": 4, "train_len": 256, "eval_len": 1024,
-            "batch_size": 8, "steps": 150, "lr": 3e-3, "n_val_batches": 4, "context_windows": 8,
-            "context_stride": 4, "threads": 1, "log_every": 10}
+    base = {"corpus": "shakespeare", "d_model": 64, "n_layers": 2, "n_heads": 4, "train_len": 128, "eval_len": 512,
+            "batch_size": 8, "steps": 120, "lr_center": 3e-3, "n_val_batches": 4, "context_windows": 8,
+            "threads": 1, "log_every": 10}
     return {**base, **overrides}
 
 
-_SMOKE = _tier(d_model=32, n_layers=1, train_len=32, eval_len=128, batch_size=2, steps=6, n_val_batches=1,
+_SMOKE = _tier(d_model=32, n_layers=1, train_len=32, eval_len=128, batch_size=2, steps=4, n_val_batches=1,
                context_windows=1, log_every=2)
 _QUICK = _tier()
-_FULL = _tier(d_model=128, n_layers=4, batch_size=16, steps=2000, n_val_batches=16, context_windows=16,
-              threads=2, log_every=50)
+_FULL = _tier(d_model=128, n_layers=4, train_len=256, eval_len=1024, batch_size=16, steps=2000, n_val_batches=16,
+              context_windows=16, threads=2, log_every=50)
+TIERS = {"smoke": _SMOKE, "quick": _QUICK, "full": _FULL}
 
-
-def _sigmoid_tier(tier: dict) -> dict:
-    # Fresh seeds (the diagnostic that motivated this spec used seed 0); no context evaluation needed.
-    return {**tier, "seed_offset": 100, "context_windows": 0}
-
+CHECKS = (
+    MechanismCheck("fix_gate_channel_spread", ">=", GATE_SPREAD,
+                   f"FiX's trained gates are fine-grained: the std of log f across a head's channels is >= "
+                   f"{GATE_SPREAD:g} of its mean magnitude (0 would be FoX-like head-tied gates)"),
+    MechanismCheck("param_gap", "<=", 0.01, "FiX and FoX have the same parameter count to within 1%"),
+)
+PAPER_REF = "FiX, ICML 2026 (abstract; icml.cc/virtual/2026/poster/63473); FoX, arXiv 2503.02130, Sec. 4"
 
 SPECS = [
     ExperimentSpec(
-        id="val_loss_order", room="fix_attention", claim=CLAIM_LOSS,
-        paper_ref="FiX, ICML 2026 (abstract; icml.cc/virtual/2026/poster/63473); FoX, arXiv 2503.02130, Sec. 4",
-        metric="validation loss (nats/byte) of a byte-level LM on Shakespeare, equal parameters and steps",
-        arms=ARMS, baseline="softmax_rope", comparator=COMPARATOR_LOSS, run=run_val_loss, plot=plot_training,
-        tiers={"smoke": _SMOKE, "quick": _QUICK, "full": _FULL}, seeds={"smoke": 1, "quick": 3, "full": 3},
-        notes="Quick tier: 0.1M-parameter 2-layer LM, 150 steps of 8 x 256 bytes (0.3M bytes). The papers train "
-              "125M-760M models on billions of tokens; FiX's own numbers are not public.",
+        id="val_loss_fix_vs_fox", room="fix_attention", claim=CLAIM_LOSS, paper_ref=PAPER_REF,
+        metric="paired per seed: validation loss of FoX minus FiX (nats/byte), byte-level LM on Shakespeare, equal "
+               "parameters, steps and tuning budget",
+        arms=ARMS, baseline="fox",
+        comparator=Comparator("val_gain", ">", 0.0, "L_FoX - L_FiX > 0: FiX reaches a lower validation loss"),
+        run=run_val_loss, prepare=prepare, plot=plot_training, tiers=TIERS,
+        seeds={"smoke": 1, "quick": 5, "full": 3}, checks=CHECKS, null_value=0.0,
+        notes="Quick tier: 0.1M-parameter 2-layer LM, 120 steps of 8 x 128 bytes. The papers train 125M-760M models "
+              "on billions of tokens; FiX's own numbers are not public.",
     ),
     ExperimentSpec(
-        id="context_extrapolation", room="fix_attention", claim=CLAIM_EXTRAPOLATION,
-        paper_ref="FoX, arXiv 2503.02130, Fig. 2 (per-position loss); FiX abstract (long-context results)",
-        metric="context penalty: loss of a byte given its full prefix (up to 1024) minus given its last 256 bytes, "
-               "averaged over target positions 768-1023",
-        arms=ARMS, baseline="softmax_rope", comparator=COMPARATOR_EXTRAPOLATION, run=run_context_extrapolation,
-        plot=plot_context_penalty, tiers={"smoke": _SMOKE, "quick": _QUICK, "full": _FULL},
-        seeds={"smoke": 1, "quick": 3, "full": 3},
-        notes="Same models as val_loss_order (trained once per process). Replaces the first length_extrapolation "
-              "spec, whose raw per-position loss followed the text. RoPE base 10000 for every arm that uses RoPE; "
-              "FoX is NoPE as in its official default.",
-    ),
-    ExperimentSpec(
-        id="val_loss_order_sigmoid_gates", room="fix_attention", claim=CLAIM_SIGMOID,
-        paper_ref="FiX, ICML 2026 (abstract); gate form not pinned down by the public material (README, Fidelity)",
-        metric="validation loss (nats/byte), as val_loss_order, with FiX's gates sigmoid at temperature 1",
-        arms=SIGMOID_ARMS, baseline="softmax_rope", comparator=COMPARATOR_SIGMOID, run=run_val_loss_sigmoid,
-        plot=plot_training,
-        tiers={"smoke": _sigmoid_tier(_SMOKE), "quick": _sigmoid_tier(_QUICK), "full": _sigmoid_tier(_FULL)},
-        seeds={"smoke": 1, "quick": 3, "full": 3},
-        notes="Registered after the quick-tier verdict of val_loss_order, because a post-hoc diagnostic on seed 0 "
-              "had this variant below FoX; it runs on seeds 100-102 so that seed is not reused.",
+        id="long_context_fix_vs_fox", room="fix_attention", claim=CLAIM_LONG,
+        paper_ref="FiX abstract (long-context results); FoX, arXiv 2503.02130, Fig. 2 (per-position loss)",
+        metric="paired per seed: FoX minus FiX mean loss of targets at positions 3/4 T_eval .. T_eval (T_eval = "
+               "4 T_train) given the full prefix",
+        arms=ARMS, baseline="fox",
+        comparator=Comparator("long_gain", ">", 0.0,
+                              "L^long_FoX - L^long_FiX > 0: FiX predicts better deep in a context 4x the trained one"),
+        run=run_long_context, prepare=prepare, plot=plot_by_position, tiers=TIERS,
+        seeds={"smoke": 1, "quick": 5, "full": 3}, checks=CHECKS, null_value=0.0,
+        notes="Same models and tuning as val_loss_fix_vs_fox (trained once per process).",
     ),
 ]

@@ -17,7 +17,7 @@ from typing import Any
 
 from ...models.hf import TinyLMForCausalLM, TinyLMHFConfig, register_tiny_lm
 from .config import FixConfig
-from .layers import attention_factory
+from .layers import attach_token_gates, attention_factory
 
 
 class FixLMConfig(TinyLMHFConfig):
@@ -31,15 +31,19 @@ class FixLMConfig(TinyLMHFConfig):
     output_gate: bool = False
     gate_form: str = "mamba"
     gate_granularity: str = "channel"
-    gate_rank: int = 16
+    gate_rank: int | None = None
+    gate_bottleneck_norm: bool = True
+    gate_layer0_source: str = "token"
+    output_norm_shared: bool = True
     gate_temperature: float = 16.0
-    a_init_range: tuple[float, float] = (1.0, 16.0)
+    a_init_range: tuple[float, float] = (0.0, 16.0)
     dt_init_range: tuple[float, float] = (1e-3, 1e-1)
     fgate_type: str = "full"
     decay_time_min: float | None = None
     decay_time_max: float | None = None
     fox_output_norm: bool = False
     qk_norm: bool = False
+    qk_norm_eps: float = 1e-5
     chunk_size: int = 4
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -54,7 +58,9 @@ class FixLMConfig(TinyLMHFConfig):
             gate_temperature=self.gate_temperature, a_init_range=tuple(self.a_init_range),
             dt_init_range=tuple(self.dt_init_range), fgate_type=self.fgate_type, decay_time_min=self.decay_time_min,
             decay_time_max=self.decay_time_max, fox_output_norm=self.fox_output_norm, qk_norm=self.qk_norm,
-            chunk_size=self.chunk_size,
+            chunk_size=self.chunk_size, gate_bottleneck_norm=self.gate_bottleneck_norm,
+            gate_layer0_source=self.gate_layer0_source, output_norm_shared=self.output_norm_shared,
+            qk_norm_eps=self.qk_norm_eps,
         )
 
 
@@ -62,6 +68,10 @@ class FixForCausalLM(TinyLMForCausalLM):
     """A TinyLM whose attention is FiX, FoX or softmax + RoPE, as a ``transformers`` causal LM."""
 
     config_class = FixLMConfig
+
+    def __init__(self, config: FixLMConfig) -> None:
+        super().__init__(config)
+        attach_token_gates(self.model)  # layer-0 token gates get each forward pass's token ids
 
     def build_attention_factory(self, config: FixLMConfig):
         return attention_factory(config.attention_config())

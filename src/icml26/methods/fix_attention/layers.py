@@ -33,22 +33,24 @@ def _resolve(config: FixConfig | None, attention: str, options: dict[str, Any]) 
 
 
 class HeadRMSNorm(nn.Module):
-    """RMSNorm of each head's vector with a per-channel gain (H * Dh weights, not shared across heads).
+    """RMSNorm of each head's vector with a per-channel gain: H * Dh weights (the official FoX
+    ``GroupNorm(is_rms_norm=True)``), or with ``shared=True`` one gain of size Dh used by every head (the FiX
+    layout of the official-kernel benchmark).
 
-    (B, H, T, Dh) -> (B, H, T, Dh); computed in at least float32. Same as the official FoX
-    ``GroupNorm(is_rms_norm=True)``.
+    (B, H, T, Dh) -> (B, H, T, Dh); computed in at least float32.
     """
 
-    def __init__(self, n_heads: int, head_dim: int, eps: float) -> None:
+    def __init__(self, n_heads: int, head_dim: int, eps: float, shared: bool = False) -> None:
         super().__init__()
-        self.n_heads, self.head_dim, self.eps = n_heads, head_dim, eps
-        self.weight = nn.Parameter(torch.ones(n_heads * head_dim))
+        self.n_heads, self.head_dim, self.eps, self.shared = n_heads, head_dim, eps, shared
+        self.weight = nn.Parameter(torch.ones(head_dim if shared else n_heads * head_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = torch.promote_types(x.dtype, torch.float32)
         xf = x.to(dtype)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.to(dtype).view(1, self.n_heads, 1, self.head_dim)).to(x.dtype)
+        heads = 1 if self.shared else self.n_heads
+        return (xf * self.weight.to(dtype).view(1, heads, 1, self.head_dim)).to(x.dtype)
 
 
 class _GatedAttention(nn.Module):
@@ -138,8 +140,9 @@ class FoXAttention(_GatedAttention):
                 self.register_buffer("fgate_bias", bias)
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
-            self.q_norm = HeadRMSNorm(h, self.head_dim, cfg.norm_eps)
-            self.k_norm = HeadRMSNorm(h, self.head_dim, cfg.norm_eps)
+            # The official QK-norm takes the layer-norm default eps (1e-5), not norm_eps.
+            self.q_norm = HeadRMSNorm(h, self.head_dim, cfg.qk_norm_eps)
+            self.k_norm = HeadRMSNorm(h, self.head_dim, cfg.qk_norm_eps)
         self.output_norm = HeadRMSNorm(h, self.head_dim, cfg.norm_eps) if cfg.fox_output_norm else None
 
     def _qk_transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,33 +203,69 @@ class FiXAttention(_GatedAttention):
     """
 
     def __init__(self, d_model: int, n_heads: int, *, config: FixConfig | None = None, max_seq_len: int = 1024,
-                 rope_base: float = 10000.0, out_std: float = 0.02, layer_idx: int = 0, **options: Any) -> None:
+                 rope_base: float = 10000.0, out_std: float = 0.02, layer_idx: int = 0, vocab_size: int | None = None,
+                 **options: Any) -> None:
         cfg = _resolve(config, "fix", options)
         super().__init__(d_model, n_heads, cfg, max_seq_len=max_seq_len, rope_base=rope_base, out_std=out_std,
                          layer_idx=layer_idx)
         self.n_gates = d_model if cfg.gate_granularity == "channel" else n_heads
-        self.gate_down = self.gate_up = self.gate_proj = None
+        self.gate_down = self.gate_up = self.gate_proj = self.gate_embed = None
+        self.token_ids: torch.Tensor | None = None  # set per forward by attach_token_gates (layer-0 token gates)
+        rank = cfg.rank_for(d_model)
+        # Layer 0 takes its gates from a token embedding when the host model can pass token ids (vocab_size set).
+        self.token_gates = (cfg.gate_form != "none" and cfg.gate_layer0_source == "token" and layer_idx == 0
+                            and vocab_size is not None)
         if cfg.gate_form != "none":
-            if cfg.gate_rank > 0:
-                self.gate_down = nn.Linear(d_model, cfg.gate_rank, bias=False)
-                self.gate_up = nn.Linear(cfg.gate_rank, self.n_gates, bias=False)
-                nn.init.normal_(self.gate_down.weight, std=0.02)
+            if rank > 0:
+                if self.token_gates:
+                    self.gate_embed = nn.Embedding(vocab_size, rank)
+                    nn.init.normal_(self.gate_embed.weight, std=0.02)
+                else:
+                    self.gate_down = nn.Linear(d_model, rank, bias=False)
+                    nn.init.normal_(self.gate_down.weight, std=0.02)
+                self.gate_up = nn.Linear(rank, self.n_gates, bias=False)
                 # Mamba's dt_proj init: uniform with std ~ rank^-1/2, so g starts small next to the bias.
-                bound = cfg.gate_rank ** -0.5
+                bound = rank ** -0.5
                 nn.init.uniform_(self.gate_up.weight, -bound, bound)
+            elif self.token_gates:
+                self.gate_embed = nn.Embedding(vocab_size, self.n_gates)
+                nn.init.normal_(self.gate_embed.weight, std=0.02)
             else:
                 self.gate_proj = nn.Linear(d_model, self.n_gates, bias=False)
                 nn.init.normal_(self.gate_proj.weight, std=0.02)
+        self.bottleneck_norm = cfg.gate_bottleneck_norm and rank > 0
         if cfg.gate_form == "mamba":
             a_lo, a_hi = cfg.a_init_range
             dt_lo, dt_hi = cfg.dt_init_range
-            self.A_log = nn.Parameter(torch.empty(self.n_gates).uniform_(a_lo, a_hi).log())
+            # A ~ U(a_lo, a_hi]: 1 - U[0, 1) lies in (0, 1], so A > 0 even for a_lo = 0.
+            a = a_lo + (a_hi - a_lo) * (1.0 - torch.rand(self.n_gates))
+            self.A_log = nn.Parameter(a.log())
             dt = torch.exp(torch.empty(self.n_gates).uniform_(math.log(dt_lo), math.log(dt_hi))).clamp_min(1e-4)
             # Inverse softplus, so softplus(dt_bias) = dt at init (Mamba's dt initialisation).
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         elif cfg.gate_form == "sigmoid":
             self.gate_bias = nn.Parameter(torch.zeros(self.n_gates))
-        self.output_norm = HeadRMSNorm(n_heads, self.head_dim, cfg.norm_eps)
+        self.output_norm = HeadRMSNorm(n_heads, self.head_dim, cfg.norm_eps, shared=cfg.output_norm_shared)
+
+    def _gate_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The gate pre-activation g before its bias: (B, T, D) -> (B, T, n_gates)."""
+        if self.gate_proj is not None:
+            return self.gate_proj(x)
+        if self.gate_embed is not None:
+            ids = self.token_ids
+            if ids is None or ids.shape != x.shape[:2]:
+                raise ValueError("layer-0 token gates need the token ids of this forward pass; build the model with "
+                                 "build_tiny_lm / FixForCausalLM (which attach them), or set gate_layer0_source="
+                                 "'hidden'")
+            h = self.gate_embed(ids)
+        else:
+            h = self.gate_down(x)
+        if self.gate_up is None:
+            return h
+        if self.bottleneck_norm:
+            hf = h.to(torch.promote_types(h.dtype, torch.float32))
+            h = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+        return self.gate_up(h)
 
     def log_forget(self, x: torch.Tensor) -> torch.Tensor:
         """log f_t: (B, T, D) -> (B, H, T, Dh) per channel, or (B, H, T, 1) tied per head; <= 0, in at least
@@ -236,8 +275,7 @@ class FiXAttention(_GatedAttention):
         width = self.head_dim if self.cfg.gate_granularity == "channel" else 1
         if self.cfg.gate_form == "none":
             return torch.zeros(b, self.n_heads, t, 1, dtype=dtype, device=x.device)
-        g = self.gate_proj(x) if self.gate_proj is not None else self.gate_up(self.gate_down(x))
-        g = g.to(dtype)
+        g = self._gate_input(x).to(dtype)
         if self.cfg.gate_form == "mamba":
             log_f = -torch.exp(self.A_log.to(dtype)) * F.softplus(g + self.dt_bias.to(dtype))
         else:
@@ -275,13 +313,27 @@ def attention_factory(config: FixConfig | None = None, **options: Any) -> Callab
     def build(tiny: TinyLMConfig, layer_idx: int) -> nn.Module:
         if cfg.attention == "softmax":
             return CausalSelfAttention(tiny, layer_idx)
+        extra = {"vocab_size": tiny.vocab_size} if cfg.attention == "fix" else {}
         cls = FoXAttention if cfg.attention == "fox" else FiXAttention
         return cls(tiny.d_model, tiny.n_heads, config=cfg, max_seq_len=tiny.max_seq_len, rope_base=tiny.rope_base,
-                   out_std=0.02 / math.sqrt(2 * tiny.n_layers), layer_idx=layer_idx)
+                   out_std=0.02 / math.sqrt(2 * tiny.n_layers), layer_idx=layer_idx, **extra)
 
     return build
 
 
+def attach_token_gates(model: nn.Module) -> nn.Module:
+    """Give every FiX layer with token gates (layer 0, ``gate_layer0_source='token'``) the token ids of each forward
+    pass of ``model`` (a :class:`TinyLM`, whose first positional argument is ``idx`` (B, T)); returns ``model``."""
+    layers = [m for m in model.modules() if isinstance(m, FiXAttention) and m.token_gates]
+    if layers:
+        def hook(module, args, kwargs):
+            idx = args[0] if args else kwargs.get("idx")
+            for layer in layers:
+                layer.token_ids = idx
+        model.register_forward_pre_hook(hook, with_kwargs=True)
+    return model
+
+
 def build_tiny_lm(tiny: TinyLMConfig, config: FixConfig | None = None, **options: Any) -> TinyLM:
     """A :class:`TinyLM` whose attention is chosen by ``config.attention`` ('softmax', 'fox' or 'fix')."""
-    return TinyLM(tiny, attention_factory=attention_factory(config, **options))
+    return attach_token_gates(TinyLM(tiny, attention_factory=attention_factory(config, **options)))
