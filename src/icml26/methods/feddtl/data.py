@@ -98,8 +98,8 @@ def render_compositional(labels: torch.Tensor, *, size: int = 16, style: str = "
     if style == "clean":
         return obj.clamp(0, 1)
     low = torch.rand(n, 3, 4, 4, generator=g)
-    clutter = F.interpolate(low, size=(size, size), mode="bilinear", align_corners=False) * 0.55
-    img = clutter * (1 - mask[:, None]) + 0.8 * obj + 0.15 * torch.randn(n, 3, size, size, generator=g)
+    clutter = F.interpolate(low, size=(size, size), mode="bilinear", align_corners=False) * 0.25
+    img = clutter * (1 - mask[:, None]) + 0.8 * obj + 0.065 * torch.randn(n, 3, size, size, generator=g)
     return img.clamp(0, 1)
 
 

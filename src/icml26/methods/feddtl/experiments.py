@@ -4,12 +4,13 @@ Protocol (pre-registered in README.md; identical for every arm):
 1. Model: the room's tiny CLIP-style dual encoder (model.py), pretrained once with InfoNCE on clean compositional
    images and MNIST-5k (seed 0), cached. Every arm starts from it.
 2. Task per seed: 10 base + 10 novel classes drawn from the 108 shape x colour x texture classes, rendered in the
-   shifted domain (clutter + noise); 40 training images per base class split over 5 clients by Dir(0.1); 30 test
+   shifted domain (clutter + noise); 32 training images per base class split over 5 clients by Dir(0.1); 30 test
    images per class; 10 validation images per base class (tuning only).
 3. Arms at equal rounds and local epochs (10 rounds, 2 local epochs per SFT round, 3 per RL round, batch 32, r = 4
    LoRA on the last 2 vision blocks): zero_shot; fedlora (SFT every round, FedAvg of the vision LoRA, frozen text
    tower); feddtl (server text-LoRA training on uploaded embeddings + SFT for M = 5 rounds, then RL); ablations
-   decoupled_only (server text training, SFT every round) and two_stage_only (SFT then RL, frozen text tower).
+   decoupled_only (server text training, SFT every round) and two_stage_only (SFT then RL, frozen text tower);
+   the ablations run at the smoke and full tiers only (quick-tier time budget).
 4. Tuning: the client learning rate of fedlora and feddtl, each on LogGrid(center 1e-3, factor 3, size 3) around
    the paper's Adam 1e-3, scored by base-class validation accuracy on tuning seed 1000; ablations reuse feddtl's.
 5. Statistics (per seed, paired): base_gain = base acc(feddtl) - base acc(fedlora) >= 0.01;
@@ -89,7 +90,8 @@ def _seed_run(config_json: str, seed: int, lrs_json: str) -> dict:
     task = _task(config, seed)
     encoder = _encoder(json.dumps(config["encoder"], sort_keys=True))
     arms, curves, extra = {}, {}, {}
-    for arm in progress(ARMS, desc=f"feddtl seed {seed}"):
+    arm_list = ARMS if config["ablations"] else ARMS[:3]
+    for arm in progress(arm_list, desc=f"feddtl seed {seed}"):
         start = time.perf_counter()
         if arm == "zero_shot":
             res = zero_shot(encoder, task, _fed_cfg(config, "fedlora", 1e-3), seed)
@@ -127,6 +129,8 @@ def _plot(result: dict, ax) -> None:
     order = result["arms_order"]
     width = 0.8 / len(order)
     for i, arm in enumerate(order):
+        if arm not in result["arms"]:
+            continue
         for j, m in enumerate(metrics):
             vals = result["arms"][arm][m]["per_seed"]
             ax.bar(j + i * width, np.mean(vals), width, color=f"C{i}", alpha=0.7, label=arm if j == 0 else None)
@@ -142,21 +146,21 @@ TIERS = {
     "smoke": {"encoder": _SMOKE_ENCODER, "n_base": 4, "n_novel": 3, "num_clients": 3, "train_per_class": 8,
               "val_per_class": 3, "test_per_class": 4, "split": "dirichlet", "alpha": 0.1, "rounds": 2,
               "sft_rounds": 1, "sft_epochs": 1, "rl_epochs": 1, "batch_size": 16, "server_epochs": 1,
-              "eval_every": 0},
-    "quick": {"encoder": {}, "n_base": 10, "n_novel": 10, "num_clients": 5, "train_per_class": 40,
+              "eval_every": 0, "ablations": True},
+    "quick": {"encoder": {}, "n_base": 10, "n_novel": 10, "num_clients": 5, "train_per_class": 32,
               "val_per_class": 10, "test_per_class": 30, "split": "dirichlet", "alpha": 0.1, "rounds": 10,
               "sft_rounds": 5, "sft_epochs": 2, "rl_epochs": 3, "batch_size": 32, "server_epochs": 1,
-              "eval_every": 5},
+              "eval_every": 5, "ablations": False},
     "full": {"encoder": {}, "n_base": 20, "n_novel": 20, "num_clients": 5, "train_per_class": 100,
              "val_per_class": 20, "test_per_class": 50, "split": "dirichlet", "alpha": 0.1, "rounds": 20,
              "sft_rounds": 10, "sft_epochs": 2, "rl_epochs": 3, "batch_size": 64, "server_epochs": 1,
-             "eval_every": 2},
+             "eval_every": 2, "ablations": True},
 }
 SEEDS = {"smoke": 1, "quick": 5, "full": 5}
 _CHECKS = (
     MechanismCheck("text_moved", ">=", 1e-3, "the server-trained text encoder moved the class embeddings "
                    "(mean 1 - cos to the pretrained ones)"),
-    MechanismCheck("fedlora_text_frozen", "<=", 0.0, "FedLoRA's text tower stayed frozen"),
+    MechanismCheck("fedlora_text_frozen", "<=", 1e-6, "FedLoRA's text tower stayed frozen"),
     MechanismCheck("label_skew", ">=", 0.3, "clients are non-IID (mean total-variation distance of client label "
                    "distributions to the pooled one)"),
     MechanismCheck("zero_shot_over_chance", ">=", 1.5, "the pretrained dual encoder beats chance zero-shot on base "

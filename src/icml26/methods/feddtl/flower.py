@@ -254,6 +254,6 @@ def run_simulation_federation(encoder: DualEncoder, task: FederatedTask, cfg: Fe
         raise RuntimeError("the Flower simulation ended without finishing the FedDTL ServerApp (see the log above)")
     st = holder["strategy"]
     final = evaluate(st.model, st.state, task)
-    shift = float((1 - (st.state.text_emb * st.initial_text).sum(-1)).mean())
+    shift = float((1 - (st.state.text_emb.double() * st.initial_text.double()).sum(-1)).mean())
     return {"final": final, "text_shift": shift, "state": st.state, "drift": st.drift, "rejected": st.rejected,
             "participants": st.participants, "result": holder["result"]}

@@ -349,7 +349,7 @@ def run_federation(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig,
             curves["base_accuracy"].append(ev["base_accuracy"])
             curves["novel_accuracy"].append(ev["novel_accuracy"])
     final = evaluate(model, state, task)
-    shift = float((1 - (state.text_emb * initial_text).sum(-1)).mean())
+    shift = float((1 - (state.text_emb.double() * initial_text.double()).sum(-1)).mean())
     return {"final": final, "curves": curves, "text_shift": shift, "state": state}
 
 
