@@ -1,0 +1,259 @@
+"""``TabICLClassifier``: the scikit-learn estimator around the TabICLv2 network (in-context learning: ``fit``
+stores the preprocessed training table, ``predict_proba`` runs the network with the training rows as context).
+
+Inference follows the official estimator (soda-inria/tabicl at 8f1aa20, ``src/tabicl/_sklearn/``; our own code):
+preprocessing (categorical/string columns -> ordinal codes, constant-column filter, outlier clipping at |z| > 4,
+standardisation, clip to +-100), then an ensemble of ``n_estimators`` members that differ by a feature permutation,
+a circular shift of the class ids and a normalisation (``"none"`` or Yeo-Johnson ``"power"``); member logits are
+un-shifted, averaged, and turned into probabilities by softmax(logits / 0.9).
+
+Limits, stated plainly: at most ``max_classes`` (10) classes — the official hierarchical scheme above 10 classes is
+not implemented and ``fit`` raises ``ValueError`` naming the limit; missing values (NaN) are imputed with the training
+column mean (the official code handles them inside its preprocessing too; the policy here is ours); infinite values
+raise. The shipped checkpoint (``checkpoints/tabicl2_tiny.pt``) was pretrained on tables of at most 256 rows and
+16 features; larger tables run, but outside the pretraining range. Official checkpoints cannot be loaded (their
+network has other sizes and parameter names).
+"""
+
+from __future__ import annotations
+
+import warnings
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.preprocessing import LabelEncoder, PowerTransformer
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
+
+from .config import TabICLConfig
+from .reference import TabICL
+
+DEFAULT_CHECKPOINT = "checkpoints/tabicl2_tiny.pt"
+REBUILD = ("python -m icml26.methods.tabicl2.pretrain --out results/tabicl2/pretrain --minutes 80 --max-features 16 "
+           "--lr 2e-3 --batch 16 --export src/icml26/methods/tabicl2/checkpoints/tabicl2_tiny.pt")
+NORM_METHODS = ("none", "power")
+
+
+def default_checkpoint() -> Path:
+    return Path(str(resources.files("icml26.methods.tabicl2").joinpath(DEFAULT_CHECKPOINT)))
+
+
+def load_model(path: str | Path | None = None, device: str | torch.device = "cpu") -> TabICL:
+    """The network from a checkpoint ``{"config", "state_dict", ...}`` (the shipped one when ``path`` is None)."""
+    path = Path(path) if path is not None else default_checkpoint()
+    if not path.exists():
+        raise FileNotFoundError(f"TabICL checkpoint {path} not found; rebuild the shipped one with: {REBUILD}")
+    ck = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(ck, dict) or "config" not in ck or "state_dict" not in ck:
+        raise ValueError(f"{path} is not a tabicl2 checkpoint (expected keys 'config' and 'state_dict')")
+    model = TabICL(TabICLConfig(**ck["config"]))
+    model.load_state_dict(ck["state_dict"])
+    return model.to(device).eval()
+
+
+def _encode_objects(X, categories: list | None):
+    """Object/string columns -> ordinal codes (unknown or missing -> NaN). Returns float array and categories."""
+    arr = np.asarray(X, dtype=object) if not isinstance(X, np.ndarray) or X.dtype == object else X
+    if arr.dtype != object:
+        return X, categories
+    arr = np.array(arr, dtype=object, ndmin=2)
+    if categories is None:
+        categories = []
+        for j in range(arr.shape[1]):
+            col = arr[:, j]
+            try:
+                col.astype(np.float64)
+                categories.append(None)
+            except (TypeError, ValueError):
+                categories.append(sorted({str(v) for v in col if v is not None and v == v}))
+    out = np.empty(arr.shape, dtype=np.float64)
+    for j, cats in enumerate(categories):
+        col = arr[:, j]
+        if cats is None:
+            out[:, j] = [np.nan if v is None else float(v) for v in col]
+        else:
+            index = {c: i for i, c in enumerate(cats)}
+            out[:, j] = [index.get(str(v), np.nan) if v is not None and v == v else np.nan for v in col]
+    return out, categories
+
+
+class TabICLClassifier(ClassifierMixin, BaseEstimator):
+    """TabICLv2 in-context classifier.
+
+    Args:
+        n_estimators: ensemble members (official default 8).
+        norm_methods: normalisations cycled over members; None -> ("none", "power") as in the official estimator.
+        feat_shuffle: permute features per member (the first member keeps the original order).
+        class_shift: circularly shift class ids per member.
+        outlier_threshold: |z| beyond which training-statistics z-scores are clipped (official 4.0).
+        softmax_temperature: temperature of the final softmax (official 0.9).
+        model_path: a tabicl2 checkpoint; None loads the one shipped in the package (offline).
+        device: torch device; None picks CUDA when available, else CPU.
+        test_batch_size: test rows per forward pass (test rows never interact, so batching does not change results).
+        random_state: seed of the member permutations.
+    """
+
+    def __init__(self, n_estimators: int = 8, norm_methods=None, feat_shuffle: bool = True, class_shift: bool = True,
+                 outlier_threshold: float = 4.0, softmax_temperature: float = 0.9, model_path=None, device=None,
+                 test_batch_size: int = 1024, random_state: int | None = 42):
+        self.n_estimators = n_estimators
+        self.norm_methods = norm_methods
+        self.feat_shuffle = feat_shuffle
+        self.class_shift = class_shift
+        self.outlier_threshold = outlier_threshold
+        self.softmax_temperature = softmax_temperature
+        self.model_path = model_path
+        self.device = device
+        self.test_batch_size = test_batch_size
+        self.random_state = random_state
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = True
+        tags.input_tags.string = True  # string columns are ordinal-coded
+        tags.input_tags.categorical = True
+        tags.non_deterministic = False
+        return tags
+
+    # ------------------------------------------------------------------ preprocessing
+    def _to_float(self, X, reset: bool) -> np.ndarray:
+        """Validated float64 (n, n_features_in_) with NaN for missing cells; string columns -> ordinal codes."""
+        columns = getattr(X, "columns", None)
+        names = np.asarray([str(c) for c in columns], dtype=object) if columns is not None else None
+        has_strings = (hasattr(X, "dtypes") and any(dt == object or str(dt) in ("category", "string", "str")
+                                                    for dt in X.dtypes)) or getattr(X, "dtype", None) == object
+        if reset:
+            self.categories_ = None
+        coded = has_strings or (not reset and self.categories_ is not None)
+        if not coded:
+            return self._finite(validate_data(self, X, reset=reset, dtype=np.float64, ensure_all_finite="allow-nan"))
+        if not reset:  # check the shape and names ourselves: the coded array below has no names
+            width = np.shape(X)[1] if np.ndim(X) == 2 else None
+            if width != self.n_features_in_:
+                raise ValueError(f"X has {width} features, but TabICLClassifier is expecting "
+                                 f"{self.n_features_in_} features as input")
+            known = getattr(self, "feature_names_in_", None)
+            if names is not None and known is not None and list(names) != list(known):
+                raise ValueError("The feature names should match those that were passed during fit")
+        X, cats = _encode_objects(np.asarray(X, dtype=object), None if reset else self.categories_)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            X = validate_data(self, X, reset=reset, dtype=np.float64, ensure_all_finite="allow-nan")
+        if reset:
+            self.categories_ = cats
+            if names is not None:
+                self.feature_names_in_ = names
+        return self._finite(X)
+
+    @staticmethod
+    def _finite(X: np.ndarray) -> np.ndarray:
+        if np.isinf(X).any():
+            raise ValueError("TabICLClassifier: X contains infinite values; only NaN (missing) is allowed")
+        return X
+
+    def _standardise(self, X: np.ndarray) -> np.ndarray:
+        X = np.where(np.isnan(X), self.fill_, X)[:, self.keep_]
+        Z = np.clip((X - self.mean1_) / self.std1_, -self.outlier_threshold, self.outlier_threshold)
+        return np.clip((Z - self.mean2_) / self.std2_, -100, 100)
+
+    def fit(self, X, y):
+        """Validate and store the training table (no network pass: the training rows are the context)."""
+        if not (isinstance(self.n_estimators, int) and self.n_estimators >= 1):
+            raise ValueError(f"n_estimators must be a positive int, got {self.n_estimators!r}")
+        norms = tuple(self.norm_methods) if self.norm_methods is not None else NORM_METHODS
+        if not norms or any(n not in NORM_METHODS for n in norms):
+            raise ValueError(f"norm_methods must be a non-empty subset of {NORM_METHODS}, got {self.norm_methods!r}")
+        if not self.softmax_temperature > 0:
+            raise ValueError(f"softmax_temperature must be > 0, got {self.softmax_temperature}")
+        if y is None:
+            raise ValueError("TabICLClassifier requires y to be passed, but the target y is None")
+        X = self._to_float(X, reset=True)
+        y = np.asarray(y)
+        if y.ndim != 1 and not (y.ndim == 2 and y.shape[1] == 1):
+            raise ValueError(f"y must be 1-D, got shape {y.shape}")
+        y = column_or_1d(y, warn=True)
+        if len(y) != len(X):
+            raise ValueError(f"X and y have inconsistent numbers of samples: {len(X)} != {len(y)}")
+        check_classification_targets(y)
+        self._label_encoder = LabelEncoder().fit(y)
+        self.classes_ = self._label_encoder.classes_
+        self.n_classes_ = len(self.classes_)
+        if self.n_classes_ < 2:
+            raise ValueError(f"TabICLClassifier needs at least 2 classes in y, got 1 class ({self.classes_[0]!r})")
+        device = torch.device(self.device if self.device is not None else
+                              ("cuda" if torch.cuda.is_available() else "cpu"))
+        model = load_model(self.model_path, device)
+        if self.n_classes_ > model.cfg.max_classes:
+            raise ValueError(f"TabICLClassifier supports at most {model.cfg.max_classes} classes (the hierarchical "
+                             f"scheme for more classes is not implemented), got {self.n_classes_}")
+        # preprocessing state from the training rows
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-missing columns get 0
+            fill = np.nanmean(X, axis=0)
+        self.fill_ = np.where(np.isfinite(fill), fill, 0.0)
+        Xf = np.where(np.isnan(X), self.fill_, X)
+        keep = Xf.std(0) > 0
+        self.keep_ = keep if keep.any() else np.arange(X.shape[1]) == 0
+        Xf = Xf[:, self.keep_]
+        self.mean1_, self.std1_ = Xf.mean(0), Xf.std(0) + 1e-8
+        Z = np.clip((Xf - self.mean1_) / self.std1_, -self.outlier_threshold, self.outlier_threshold)
+        self.mean2_, self.std2_ = Z.mean(0), Z.std(0) + 1e-8
+        self.X_train_ = self._standardise(X)
+        self.y_train_ = self._label_encoder.transform(y)
+        # ensemble members: (feature permutation, class shift, normalisation)
+        rng = np.random.default_rng(self.random_state)
+        H, C = self.X_train_.shape[1], self.n_classes_
+        self.members_ = []
+        for i in range(self.n_estimators):
+            perm = rng.permutation(H) if (self.feat_shuffle and i > 0) else np.arange(H)
+            shift = (i % C) if self.class_shift else 0
+            norm = norms[i % len(norms)]
+            power = None
+            if norm == "power":
+                power = PowerTransformer(method="yeo-johnson", standardize=True)
+                with np.errstate(all="ignore"):
+                    power.fit(self.X_train_)
+            self.members_.append({"perm": perm, "shift": shift, "norm": norm, "power": power})
+        self.model_ = model
+        self.device_ = device
+        return self
+
+    # ------------------------------------------------------------------ inference
+    def _member_table(self, member: dict, X: np.ndarray) -> np.ndarray:
+        if member["power"] is not None:
+            with np.errstate(all="ignore"):
+                X = np.clip(np.nan_to_num(member["power"].transform(X)), -100, 100)
+        return X[:, member["perm"]]
+
+    def predict_logits(self, X) -> np.ndarray:
+        """Ensemble-averaged logits (n_samples, n_classes) before the temperature softmax."""
+        check_is_fitted(self, "model_")
+        X = self._standardise(self._to_float(X, reset=False))
+        C = self.n_classes_
+        total = np.zeros((len(X), C))
+        for member in self.members_:
+            tr = torch.as_tensor(self._member_table(member, self.X_train_), dtype=torch.float32)
+            te = torch.as_tensor(self._member_table(member, X), dtype=torch.float32)
+            y = torch.as_tensor((self.y_train_ + member["shift"]) % C, dtype=torch.long)
+            out = []
+            with torch.no_grad():
+                for s in range(0, len(te), self.test_batch_size):
+                    table = torch.cat([tr, te[s:s + self.test_batch_size]])[None].to(self.device_)
+                    out.append(self.model_(table, y[None].to(self.device_))[0, :, :C].cpu().double().numpy())
+            logits = np.concatenate(out)
+            # member class c' = (c + shift) % C, so the logit of original class c sits at column (c + shift) % C
+            total += logits[:, (np.arange(C) + member["shift"]) % C]
+        return total / len(self.members_)
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities (n_samples, n_classes) in the order of ``classes_``."""
+        z = self.predict_logits(X) / self.softmax_temperature
+        z = np.exp(z - z.max(1, keepdims=True))
+        return z / z.sum(1, keepdims=True)
+
+    def predict(self, X) -> np.ndarray:
+        check_is_fitted(self, "model_")
+        return self.classes_[self.predict_proba(X).argmax(1)]
