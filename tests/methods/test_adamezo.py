@@ -198,21 +198,56 @@ def test_works_on_a_transformers_model(monkeypatch):
 def test_claim_statistic_counts_forward_passes_to_mezo_best(monkeypatch):
     from icml26.methods.adamezo import experiments
 
-    curves = {  # (forward passes, wall seconds, validation loss)
+    curves = {  # (forward passes, wall seconds, tracked loss)
         "mezo": [(0, 0.0, 2.0), (100, 1.0, 1.5), (200, 2.0, 1.0)],
         "adamezo": [(0, 0.0, 2.0), (100, 1.5, 0.9), (200, 3.0, 0.8)],
         "adam": [(0, 0.0, 2.0), (50, 1.0, 0.5), (100, 2.0, 0.4)],
     }
     monkeypatch.setattr(experiments, "train_arm",
                         lambda arm, config, seed, lr, norm_schedule=None: {
-                            "curve": curves[arm], "step_norms": [], "state_bytes": 8, "peak_rss_delta_bytes": 0})
-    res = experiments.run_seed({"norm_cache_ablation": False}, 0, {"lr": {a: 1e-3 for a in curves}})
-    assert res["statistics"]["target_val_loss"] == 1.0
+                            "curve": curves[arm], "step_norms": [], "projections": [], "update_cosine": 0.5,
+                            "state_bytes": 8, "peak_rss_delta_bytes": 0})
+    prepared = {"tuning": {"chosen": {a: 1e-3 for a in curves}}}
+    res = experiments.run_seed({"norm_cache_ablation": False, "window": 10}, 0, prepared)
+    assert res["statistics"]["target_loss"] == 1.0
     assert res["statistics"]["fp_reduction"] == pytest.approx(0.5)  # 100 vs 200 forward passes
     assert res["statistics"]["wall_ratio_adamezo_over_mezo"] == pytest.approx(0.75)
+    assert res["checks"]["mezo_improvement"] == pytest.approx(0.5)
     curves["adamezo"] = [(0, 0.0, 2.0), (100, 1.0, 1.8), (200, 2.0, 1.2)]  # never reaches the target
-    res = experiments.run_seed({"norm_cache_ablation": False}, 0, {"lr": {a: 1e-3 for a in curves}})
+    res = experiments.run_seed({"norm_cache_ablation": False, "window": 10}, 0, prepared)
     assert res["statistics"]["fp_reduction"] == pytest.approx(0.0) and res["arms"]["adamezo"]["reached_target"] == 0
+
+
+def test_normalisation_gain_is_one_for_plain_mezo_steps_and_large_for_normalised_steps():
+    from icml26.methods.adamezo.experiments import normalisation_gain
+
+    proj = [10.0 * 0.99**t for t in range(200)]  # the SPSA estimate shrinks 7x over the run
+    assert normalisation_gain([1e-3 * p for p in proj], proj, 0) == pytest.approx(1.0)  # MeZO: step = lr |p|
+    assert normalisation_gain([1e-3] * 200, proj, 0) == pytest.approx(0.99 ** -160, rel=0.05)  # constant step
+
+
+@pytest.mark.parametrize("spec_index", [0, 1])
+def test_null_arm_adamezo_switched_back_to_mezo_fails_the_comparator(spec_index):
+    """The method as its baseline (window 0 = MeZO, at MeZO's rate): the statistic is exactly 0, rejected."""
+    from icml26.methods.adamezo.experiments import SPECS, run_seed
+
+    spec = SPECS[spec_index]
+    config = dict(spec.tiers["smoke"], window=0, norm_cache_ablation=False)
+    lr = spec.tiers["smoke"]["lr_centers"]["mezo"]
+    res = run_seed(config, 0, {"tuning": {"chosen": {"adamezo": lr, "mezo": lr}}})
+    value = res["statistics"][spec.comparator.statistic]
+    assert value == pytest.approx(spec.null_value)
+    assert not spec.comparator.holds(value)
+
+
+def test_smoke_tier_runs_end_to_end_through_the_harness(tmp_path):
+    from icml26.harness.runner import run_spec
+    from icml26.methods.adamezo.experiments import SPECS
+
+    result = run_spec(SPECS[0], "smoke", tmp_path)
+    assert result["status"] == "complete" and result["verdict"] == "inconclusive"
+    assert set(result["prepared"]["tuning"]["chosen"]) == {"adamezo", "mezo", "adam"}
+    assert {c["name"] for c in result["mechanism_checks"]} >= {"update_cosine_adamezo", "tuned_inside_grid"}
 
 
 def test_same_seed_same_metrics():
