@@ -163,4 +163,3 @@ def test_arm_config_maps_tuned_values():
     d = ex.arm_config("dare", "nll/em/stochastic", cfg)
     assert (d.score, d.fit, d.exchange, d.constraint) == ("nll", "em", "stochastic", "dare")
     assert ex.arm_config("drop_all", 1e-3, cfg).actor_lr == 1e-3 and ex.arm_config("origin", 7.5, cfg).alpha == 7.5
-    assert ex.prepare.__doc__ and "drop_all" in ex.prepare.__doc__
