@@ -308,3 +308,20 @@ def test_pretrain_resume_reproduces_uninterrupted_run(tmp_path):
     b = torch.load(tmp_path / "b" / "state.pt", weights_only=False)["model"]
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+def test_ddp_two_cpu_processes_stay_in_sync(tmp_path):
+    """torchrun with 2 gloo processes: gradients are all-reduced, so both ranks end with identical weights."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ICML26_PROGRESS": "0"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+           "-m", "icml26.methods.tabicl2.pretrain", "--out", str(tmp_path / "ddp"), "--steps", "3", "--batch", "2",
+           "--min-rows", "24", "--max-rows", "32", "--max-features", "3", "--ckpt-every", "2", "--eval-every", "1000",
+           "--model", json.dumps(SMALL)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert '"ranks_in_sync": true' in proc.stdout and '"world_size": 2' in proc.stdout
+    lines = [json.loads(x) for x in (tmp_path / "ddp" / "log.jsonl").read_text().splitlines()]
+    assert [r["datasets"] for r in lines if "loss" in r] == [4, 8, 12]  # 2 ranks x batch 2 per step

@@ -260,6 +260,15 @@ def main(argv=None) -> dict:
         print(json.dumps(result), flush=True)
     if world > 1:
         import torch.distributed as dist
+        # every rank must hold the same weights: gather a checksum of each rank's parameters
+        flat = torch.cat([p.detach().flatten().double() for p in model.parameters()])
+        sums = [torch.zeros(2, dtype=torch.float64, device=flat.device) for _ in range(world)]
+        dist.all_gather(sums, torch.stack([flat.sum(), flat.square().sum()]))
+        in_sync = all(torch.equal(sums[0], s) for s in sums)
+        if rank == 0:
+            result["ranks_in_sync"] = bool(in_sync)
+            result["world_size"] = world
+            print(json.dumps({"ranks_in_sync": bool(in_sync), "world_size": world}), flush=True)
         dist.destroy_process_group()
     return result
 
