@@ -202,10 +202,8 @@ def test_runs_on_the_default_device(encoder, task):
 
 
 # ---------------------------------------------------------------- Flower
-flwr = pytest.importorskip("flwr")
-
-
 def _fake_reply(lora, emb, lab, n=4):
+    pytest.importorskip("flwr")
     from flwr.app import ArrayRecord, MetricRecord, RecordDict
     return RecordDict({"arrays": ArrayRecord(torch_state_dict=lora),
                        "embeddings": ArrayRecord(torch_state_dict={"embeddings": emb, "labels": lab}),
@@ -227,6 +225,7 @@ def test_malformed_replies_are_named():
 def test_flower_simulation_equals_the_plain_loop(encoder):
     """Flower's own simulation engine (Ray backend), 2 clients, 2 rounds (SFT then RL, so the RL round needs the
     SFT snapshot from the client's persistent context.state): same global LoRA, text embeddings and metrics."""
+    pytest.importorskip("flwr")
     pytest.importorskip("ray")
     from icml26.methods.feddtl.flower import run_simulation_federation
     task = make_task(1, n_base=3, n_novel=2, num_clients=2, train_per_class=6, val_per_class=2, test_per_class=3)
@@ -238,6 +237,64 @@ def test_flower_simulation_equals_the_plain_loop(encoder):
         assert torch.allclose(v, out["state"].vision[k], atol=1e-6), k
     assert torch.allclose(ref["state"].text_emb, out["state"].text_emb, atol=1e-6)
     assert out["final"] == pytest.approx(ref["final"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_flower_round_survives_a_crashing_and_a_nan_client(encoder):
+    """3 nodes in Flower's simulation: node 1 raises, node 2 uploads NaN embeddings. Both are rejected with their
+    reason recorded, and the round aggregates node 0 alone (equal to the plain update of client 0 alone)."""
+    pytest.importorskip("flwr")
+    pytest.importorskip("ray")
+    from flwr.app import ArrayRecord
+    from flwr.clientapp import ClientApp
+    from icml26.methods.feddtl.flower import make_client_app, run_simulation_federation
+    task = make_task(2, n_base=3, n_novel=2, num_clients=3, train_per_class=6, val_per_class=2, test_per_class=3)
+    cfg = small_cfg(rounds=1, sft_rounds=1)
+    good = make_client_app(encoder, task, cfg, 0)
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):
+        k = int(context.node_config["partition-id"])
+        if k == 1:
+            raise RuntimeError("simulated client crash")
+        reply = good(msg, context)
+        if k == 2:
+            up = reply.content["embeddings"].to_torch_state_dict()
+            up["embeddings"] = up["embeddings"] * float("nan")
+            reply.content["embeddings"] = ArrayRecord(torch_state_dict=up)
+        return reply
+
+    out = run_simulation_federation(encoder, task, cfg, seed=0, client_app=app)
+    assert out["participants"] == [[0]]
+    problems = sorted(r["problem"] for r in out["rejected"])
+    assert len(problems) == 2 and "error reply" in problems[0] and "non-finite" in problems[1]
+    model = build_model(encoder, cfg, 0)
+    state = init_server(model, task.prompts)
+    r0 = client_update(model, task.client_x[0], task.client_y[0], state.vision, state.text_emb[:3], cfg, 1, 0, 0)
+    expected = server_update(model, state, [r0], task.prompts, task.n_base, cfg, 1, 0)
+    for k, v in expected.vision.items():
+        assert torch.allclose(v, out["state"].vision[k], atol=1e-6), k
+
+
+@pytest.mark.slow
+def test_flower_server_resumes_from_its_checkpoint(encoder, tmp_path):
+    """A 1-round run writes the checkpoint; a 2-round run with it does only round 2 and ends where the plain 2-round
+    loop ends (both rounds SFT, so no client snapshot is needed across the restart)."""
+    pytest.importorskip("flwr")
+    pytest.importorskip("ray")
+    from icml26.methods.feddtl.flower import run_simulation_federation
+    task = make_task(3, n_base=3, n_novel=2, num_clients=2, train_per_class=6, val_per_class=2, test_per_class=3)
+    ckpt = tmp_path / "server.safetensors"
+    first = run_simulation_federation(encoder, task, small_cfg(rounds=1, sft_rounds=1), seed=0, checkpoint=ckpt)
+    assert ckpt.exists() and first["participants"] == [[0, 1]]
+    cfg = small_cfg(rounds=2, sft_rounds=2)
+    resumed = run_simulation_federation(encoder, task, cfg, seed=0, checkpoint=ckpt)
+    assert resumed["participants"] == [[0, 1]]
+    ref = run_federation(encoder, task, cfg, seed=0)
+    for k, v in ref["state"].vision.items():
+        assert torch.allclose(v, resumed["state"].vision[k], atol=1e-6), k
+    assert torch.allclose(ref["state"].text_emb, resumed["state"].text_emb, atol=1e-6)
 
 
 # ---------------------------------------------------------------- claims

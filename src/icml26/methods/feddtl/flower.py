@@ -26,11 +26,13 @@ from __future__ import annotations
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Iterable
 
 import torch
 
 from ...core.assets import require
+from ...core.io import atomic_write_bytes
 from .config import FedDTLConfig
 from .data import FederatedTask
 from .model import DualEncoder
@@ -133,6 +135,29 @@ def content_problem(content, global_vision: dict, embed_dim: int, n_base: int) -
     return None
 
 
+def save_server_checkpoint(path: str | Path, state: ServerState, server_round: int) -> None:
+    """Atomically write the global vision LoRA, text LoRA, text embeddings and the finished round (safetensors)."""
+    from safetensors.torch import save
+
+    tensors = {**{f"vision.{k}": v.contiguous() for k, v in state.vision.items()},
+               **{f"text.{k}": v.contiguous() for k, v in state.text.items()},
+               "text_emb": state.text_emb.contiguous(), "round": torch.tensor([server_round])}
+    atomic_write_bytes(path, save({k: v.detach().clone() for k, v in tensors.items()}))
+
+
+def load_server_checkpoint(path: str | Path, like: ServerState) -> tuple[ServerState, int]:
+    """(state, finished round) from :func:`save_server_checkpoint`; names and shapes must match ``like``."""
+    from safetensors.torch import load_file
+
+    t = load_file(str(path))
+    vision = {k: t[f"vision.{k}"] for k in like.vision if f"vision.{k}" in t}
+    text = {k: t[f"text.{k}"] for k in like.text if f"text.{k}" in t}
+    if len(vision) != len(like.vision) or len(text) != len(like.text) or "text_emb" not in t \
+            or t["text_emb"].shape != like.text_emb.shape:
+        raise ValueError(f"checkpoint {path} does not match this model and task")
+    return ServerState(vision, text, t["text_emb"]), int(t["round"][0])
+
+
 def make_strategy_class():
     """The :class:`FedDTLStrategy` class (built lazily so importing this module does not need flwr)."""
     app_mod, _, _, strategy = _flwr()
@@ -151,7 +176,8 @@ def make_strategy_class():
             min_nodes: nodes to wait for before each round.
         """
 
-        def __init__(self, encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, seed: int, min_nodes: int):
+        def __init__(self, encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, seed: int, min_nodes: int,
+                     checkpoint: str | Path | None = None):
             self.cfg, self.seed, self.task, self.min_nodes = cfg, seed, task, min_nodes
             self.model = build_model(encoder, cfg, seed)
             self.state: ServerState = init_server(self.model, task.prompts)
@@ -159,11 +185,21 @@ def make_strategy_class():
             self.rejected: list[dict] = []
             self.drift: list[float] = []
             self.participants: list[list[int]] = []
+            self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+            self.offset = 0  # rounds already done by an earlier, interrupted run (resumed from the checkpoint)
+            if self.checkpoint is not None and self.checkpoint.exists():
+                self.state, self.offset = load_server_checkpoint(self.checkpoint, self.state)
+                LOG.info("resuming FedDTL from %s after round %d", self.checkpoint, self.offset)
+
+        @property
+        def remaining_rounds(self) -> int:
+            return max(self.cfg.rounds - self.offset, 0)
 
         def initial_arrays(self):
             return ArrayRecord(torch_state_dict=self.state.vision)
 
         def configure_train(self, server_round: int, arrays, config, grid) -> Iterable:
+            server_round += self.offset
             while len(nodes := sorted(grid.get_node_ids())) < self.min_nodes:
                 time.sleep(0.2)
             content = RecordDict({
@@ -174,6 +210,7 @@ def make_strategy_class():
             return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in nodes]
 
         def aggregate_train(self, server_round: int, replies: Iterable):
+            server_round += self.offset
             results: list[tuple[int, ClientResult]] = []
             dim = self.state.text_emb.shape[1]
             for msg in replies:
@@ -196,6 +233,8 @@ def make_strategy_class():
             self.drift.append(client_drift([r for _, r in results], self.state.vision))
             self.state = server_update(self.model, self.state, [r for _, r in results], self.task.prompts,
                                        self.task.n_base, self.cfg, server_round, self.seed)
+            if self.checkpoint is not None:
+                save_server_checkpoint(self.checkpoint, self.state, server_round)
             n = sum(r.num_examples for _, r in results)
             mean = {key: sum(r.metrics[key] * r.num_examples for _, r in results) / n
                     for key in ("train_accuracy", "reward", "clip_fraction", "kl", "signal_fraction")}
@@ -227,23 +266,26 @@ def make_server_app(strategy, holder: dict):
     @app.main()
     def main(grid, context):
         holder["result"] = strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(),
-                                          num_rounds=strategy.cfg.rounds, evaluate_fn=None)
+                                          num_rounds=strategy.remaining_rounds, evaluate_fn=None)
         holder["strategy"] = strategy
 
     return app
 
 
 def run_simulation_federation(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, seed: int,
-                              client_app=None) -> dict:
+                              client_app=None, checkpoint: str | Path | None = None) -> dict:
     """Run FedDTL in Flower's simulation engine with one SuperNode per client of ``task``.
 
     Returns ``{"final": evaluate(...), "text_shift", "state", "drift", "rejected", "participants", "result"}`` in
     the same form as ``reference.run_federation`` (``client_app`` replaces the default one, e.g. in fault tests).
+    With ``checkpoint`` (a .safetensors path) the server state is saved atomically after every round, and a run
+    started with an existing checkpoint resumes after its last round (clients' SFT snapshots live in the nodes'
+    state and are not part of it: after a restart the global LoRA stands in for a lost snapshot).
     """
     require("ray", "pip install 'flwr[simulation]'", purpose="Flower's simulation engine")
     from flwr.simulation import run_simulation
 
-    strategy = make_strategy_class()(encoder, task, cfg, seed, min_nodes=task.num_clients)
+    strategy = make_strategy_class()(encoder, task, cfg, seed, min_nodes=task.num_clients, checkpoint=checkpoint)
     holder: dict = {}
     run_simulation(server_app=make_server_app(strategy, holder),
                    client_app=client_app or make_client_app(encoder, task, cfg, seed),
