@@ -341,19 +341,48 @@ def test_claim_statistics_on_synthetic_trajectories():
     arms = ("project", "plain", "low_lr", "l2sp", "ewc", "freeze")
     cfg = TIERS["quick"]
     # every stabiliser on one curve (slope 1) at different speeds; project at half the damage
-    stats = claim_statistics(_synthetic({**{a: 1.0 for a in arms}, "project": 0.5},
-                                        {"project": 1.0, "plain": 1.0, "low_lr": 0.5, "l2sp": 0.7, "ewc": 0.8,
-                                         "freeze": 0.6}), cfg)
-    assert stats["collapse_score"] == pytest.approx(0.0, abs=1e-9)
-    assert stats["escape_gain"] == pytest.approx(0.5) and stats["escape_reach"] == pytest.approx(1.0)
+    curves = _synthetic({**{a: 1.0 for a in arms}, "project": 0.5},
+                        {"project": 1.0, "plain": 1.0, "low_lr": 0.5, "l2sp": 0.7, "ewc": 0.8, "freeze": 0.6})
+    stats = claim_statistics(curves, cfg)
+    assert stats["collapse_share"] == pytest.approx(1.0, abs=1e-9)  # no spread left at matched task loss
+    # L* = 3 - 0.75 * 1 = 2.25: broad 2.75 for every stabiliser that gets there, 2.375 for project
+    assert stats["escape_gain"] == pytest.approx(0.5) and stats["escape_reached"] == 1.0
     # at drift t the arms are at different task progress, so broad loss differs at matched drift
     # spread(t) = (1.0 - 0.5) t over levels t = 0.05 .. 1, divided by the mean increase 0.72 at t = 1
     assert stats["drift_spread"] == pytest.approx(0.5 * np.mean(np.arange(1, 21) / 20) / 0.72)
-    # an escape that reaches only 30% of plain's task progress counts as no escape
+    # an escape that never reaches L* counts as no escape
     stats = claim_statistics(_synthetic({**{a: 1.0 for a in arms}, "project": 0.1},
                                         {"project": 0.3, "plain": 1.0, "low_lr": 0.5, "l2sp": 0.7, "ewc": 0.8,
                                          "freeze": 0.6}), cfg)
-    assert stats["escape_gain"] == 0.0
+    assert stats["escape_gain"] == 0.0 and stats["escape_reached"] == 0.0
+    # stabilisers on different curves at the same speed: nothing collapses
+    stats = claim_statistics(_synthetic({"project": 1.0, "plain": 1.0, "low_lr": 1.5, "l2sp": 2.0, "ewc": 0.5,
+                                         "freeze": 1.2}, {a: 1.0 for a in arms}), cfg)
+    # spread grows like t on both axes; the 20 task-loss levels (mean t 0.525) and 10 steps (mean t 0.55) differ
+    assert stats["collapse_share"] == pytest.approx(1 - 0.525 / 0.55)
+
+
+@pytest.mark.parametrize("spec_id", ["collapse", "drift_paradox", "escape"])
+def test_null_arm_is_rejected_by_every_comparator(spec_id):
+    """Every stabiliser and the escape switched back to plain: each statistic is exactly 0, which fails."""
+    from icml26.methods.lockin.experiments import SPECS
+
+    spec = next(s for s in SPECS if s.id == spec_id)
+    out = spec.run({**spec.tiers["smoke"], "null": True}, 0, None)
+    value = out["statistics"][spec.comparator.statistic]
+    assert value == 0.0 and not spec.comparator.holds(value)
+    assert spec.null_value == 0.0 and not spec.comparator.holds(spec.null_value)
+    assert {c.name for c in spec.checks} <= set(out["checks"])
+
+
+def test_tuning_gives_every_arm_three_candidates():
+    from icml26.methods.lockin.experiments import SPECS
+
+    prepared = SPECS[0].prepare(TIERS["smoke"])
+    assert set(prepared["tuning"]["chosen"]) == {"low_lr", "l2sp", "ewc", "freeze", "project"}
+    assert TIERS["quick"]["grid_size"] == 3 and len(TIERS["quick"]["project_k_grid"]) == 3
+    out = SPECS[2].run(TIERS["smoke"], 0, prepared)
+    assert math.isfinite(out["statistics"]["escape_gain"])
 
 
 def test_smoke_arm_is_deterministic_and_finite():
