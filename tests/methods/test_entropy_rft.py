@@ -218,3 +218,60 @@ def test_config_defaults_are_official():
     cfg = EntropyRFTConfig()
     assert (cfg.mu, cfg.adv_epsilon, cfg.group_size, cfg.kl_coef, cfg.clip_range_low) == (2.5, 1e-6, 16, 0.0, 0.2)
     assert cfg.clipping_active and not EntropyRFTConfig(mu=math.inf).clipping_active
+
+
+# -- claims (issue 8 redesign) ---------------------------------------------------------------------------------
+def _fixed_tuning(config):
+    from icml26.methods.entropy_rft.experiments import ARMS
+
+    return {"tuning": {"lr": {"chosen": {a: 3e-3 for a in ARMS}, "on_edge": []},
+                       "options": {"chosen": {a: config["options"][a][0] for a in ARMS}, "on_edge": []}}}
+
+
+def test_theorem_null_arm_without_the_discriminator_fails_the_comparator():
+    """The advantage-only predictor (the entropy discriminator left out) sums to zero over each group, so it
+    carries no information about the entropy change: its correlation is undefined or far below the threshold."""
+    from icml26.methods.entropy_rft.experiments import SPECS
+
+    spec = SPECS[0]
+    out = spec.run(spec.tiers["smoke"], 0, None, predictor="advantage_only")
+    value = out["statistics"][spec.comparator.statistic]
+    assert not spec.comparator.holds(value) and not spec.comparator.holds(spec.null_value)
+    theorem = spec.run(spec.tiers["smoke"], 0, None)
+    assert theorem["checks"]["tabular_corr"] > 0.99
+
+
+@pytest.mark.parametrize("index", [1, 2])
+def test_clipb_null_arm_switched_back_to_grpo_fails_the_comparator(index):
+    from icml26.methods.entropy_rft.experiments import SPECS
+
+    spec = SPECS[index]
+    config = spec.tiers["smoke"]
+    out = spec.run(config, 0, _fixed_tuning(config), method_as="grpo")
+    value = out["statistics"][spec.comparator.statistic]
+    assert value == 0.0 and not spec.comparator.holds(value) and not spec.comparator.holds(spec.null_value)
+    assert out["checks"]["clip_fraction"] == 0.0          # GRPO clips nothing: the mechanism check flags it
+
+
+def test_clipb_acts_in_the_habit_setting():
+    """With the habit warm-up and mu = 1 Clip_B drops a sizeable share of tokens within a few updates."""
+    from icml26.methods.entropy_rft.experiments import SPECS, train_arm
+
+    config = {**SPECS[1].tiers["smoke"], "warmup_steps": 40, "steps": 3}
+    assert train_arm("grpo_clipb", config, 0, 3e-3, 1.0)["frac_clipped"] >= 0.01
+
+
+def test_tuning_gives_every_arm_the_same_budget(monkeypatch):
+    from icml26.methods.entropy_rft import experiments
+
+    calls = []
+
+    def fake(arm, config, seed, lr, option):
+        calls.append((arm, seed))
+        return {"final": {"pass_at_4": -(math.log(lr) - math.log(3e-3)) ** 2}}
+
+    monkeypatch.setattr(experiments, "_train_cached", fake)
+    out = experiments.tune_arms(experiments.SPECS[1].tiers["quick"])["tuning"]
+    counts = {arm: sum(1 for a, _ in calls if a == arm) for arm in experiments.ARMS}
+    assert len(set(counts.values())) == 1 and counts["grpo"] == 6 and all(s >= 1000 for _, s in calls)
+    assert out["lr"]["on_edge"] == []

@@ -4,14 +4,15 @@ Task (``DigitSum``): the prompt is ``[T, t, a_1..a_m, R]`` with a target digit t
 answers L digits d_1..d_L and earns reward 1 iff every answer token is a digit and (sum a + sum d) mod 10 = t.
 A uniformly random digit answer is right 10% of the time. Vocabulary 16 (digits 0-9, T=10, R=11, 4 unused).
 
-Claims:
-1. ``entropy_theorem`` (Theorem 3.3): per GRPO update, the first-order prediction
-   Delta H = sum over batch tokens of -alpha A (S_k - E_{j~p}[S_j]) tracks the measured entropy change. Checked
-   exactly where the theorem's assumption holds (a tabular softmax policy whose logits are the parameters, SGD,
-   alpha = lr / N) at a small and a large learning rate, and reported (not judged) for TinyLM.
-2. ``clipb_passk`` (Sec. 5): GRPO vs GRPO + Clip_B (mu = 2.5) vs GRPO + entropy bonus, same budget and one shared
-   learning rate (picked for plain GRPO on a separate tuning seed). Clip_B should keep entropy higher and give
-   better Pass@16 at similar Avg@1.
+Claims (protocol pre-registered in the README; issue 8 redesign):
+1. ``entropy_theorem_tinylm`` (Theorem 3.3): per GRPO update of a TinyLM (shared parameters, SGD), the
+   first-order prediction Delta H = sum over batch tokens of -alpha A (S_k - E_{j~p}[S_j]) orders the measured
+   entropy changes: Pearson correlation >= 0.5 per seed. The tabular softmax (logits = parameters), where the
+   theorem is exact to first order, is a mechanism check that the prediction is implemented right.
+2. ``clipb_passk`` and ``clipb_entropy`` (Sec. 5): GRPO + Clip_B vs GRPO (and GRPO + entropy bonus) from a
+   warmed-up policy with a confident wrong "habit" (the entropy-collapse regime Clip_B targets), each arm tuned
+   with the same budget. Clip_B should give better Pass@4 and keep entropy higher; a clip-fraction check asks that
+   Clip_B actually dropped tokens.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from torch import nn
 
 from ...core.logging import log_metrics
 from ...core.seeding import seed_everything
-from ...harness.spec import Comparator, ExperimentSpec
+from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
+from ...harness.tuning import ListGrid, LogGrid, tune_per_arm
 from .config import EntropyRFTConfig
 from .grpo import pass_at_k, predicted_entropy_change
 from .trainer import GRPOTrainer, response_logprobs, sample_responses
 
-TUNING_SEED = 10_000
 VOCAB, T_TOK, R_TOK = 16, 10, 11
 
 
@@ -102,13 +103,26 @@ def _tiny_lm(config: Mapping[str, Any]) -> nn.Module:
                                n_heads=config["n_heads"], max_seq_len=16))
 
 
-def warm_up(model: nn.Module, task: DigitSum, steps: int, lr: float, seed: int) -> None:
-    """Brief supervised warm-up on uniformly random correct answers (so rewards are non-zero and diverse)."""
+def habit_answers(prompts: torch.Tensor, length: int) -> torch.Tensor:
+    """A fixed *wrong* answer per prompt: first digit (t + 5) mod 10, then zeros (digit sum = t + 5 != t mod 10)."""
+    out = torch.zeros(len(prompts), length, dtype=torch.long)
+    out[:, 0] = (prompts[:, 1] + 5) % 10
+    return out
+
+
+def warm_up(model: nn.Module, task: DigitSum, steps: int, lr: float, seed: int, habit_prob: float = 0.0) -> None:
+    """Brief supervised warm-up on uniformly random correct answers (so rewards are non-zero and diverse). With
+    ``habit_prob`` > 0 each warm-up answer is, with that probability, the prompt's fixed wrong "habit" answer: the
+    warmed-up policy is then confident and often wrong, like a pretrained LLM with a bad habit, and RL has to move
+    probability from a peaked wrong mode to rarely sampled right ones."""
     gen = torch.Generator().manual_seed(seed + 7)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(steps):
         prompts = task.sample_train(64, gen)
         answers = task.correct_answers(prompts, gen)
+        if habit_prob > 0:
+            use = torch.rand(len(prompts), generator=gen) < habit_prob
+            answers = torch.where(use[:, None], habit_answers(prompts, task.length), answers)
         logp, _, _ = response_logprobs(model, prompts, answers)
         loss = -logp.mean()
         opt.zero_grad(set_to_none=True)
@@ -132,14 +146,19 @@ def evaluate(model: nn.Module, task: DigitSum, n_samples: int, ks: tuple[int, ..
 
 
 # -- claim 1: the first-order entropy change --------------------------------------------------------------------
-def _step_with_prediction(trainer: GRPOTrainer, prompts: torch.Tensor, lr: float) -> float:
+def _step_with_prediction(trainer: GRPOTrainer, prompts: torch.Tensor, lr: float, predictor: str = "theorem"
+                          ) -> float:
     """One GRPO step (one SGD update); returns sum over the batch tokens of -alpha A (S_k - E[S]), alpha = lr / N,
     from the logits before the update (N valid tokens: the token-mean loss gives each token weight 1 / N)."""
     batch = trainer.rollout(prompts)
     with torch.no_grad():
         _, _, logits = response_logprobs(trainer.model, batch.prompts, batch.responses, trainer.config.temperature)
     mask = batch.mask * batch.keep
-    pred = predicted_entropy_change(logits, batch.responses, batch.advantages, lr / float(mask.sum().clamp_min(1)))
+    alpha = lr / float(mask.sum().clamp_min(1))
+    if predictor == "theorem":
+        pred = predicted_entropy_change(logits, batch.responses, batch.advantages, alpha)
+    else:  # "advantage_only": the null predictor, -alpha A per token with the discriminator left out
+        pred = -alpha * batch.advantages.expand_as(mask)
     loss, _ = trainer.loss(batch)
     trainer.optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -154,7 +173,8 @@ def _correlation(x: list[float], y: list[float]) -> float:
     return float((xt * yt).sum()) / denom if denom > 0 else math.nan
 
 
-def theorem_updates(config: Mapping[str, Any], seed: int, lr: float, policy_kind: str) -> dict:
+def theorem_updates(config: Mapping[str, Any], seed: int, lr: float, policy_kind: str,
+                    predictor: str = "theorem") -> dict:
     """Plain GRPO + SGD; per update the predicted and the measured change of the mean entropy.
 
     Tabular: the logits are the parameters, so the prediction is Theorem 3.3 exactly to first order; the
@@ -187,28 +207,33 @@ def theorem_updates(config: Mapping[str, Any], seed: int, lr: float, policy_kind
     predicted, measured = [], []
     for step in range(config["updates"]):
         before = entropy()
-        predicted.append(scale * _step_with_prediction(trainer, task.sample_train(config["prompts_per_step"], gen), lr))
+        predicted.append(scale * _step_with_prediction(trainer, task.sample_train(config["prompts_per_step"], gen), lr,
+                                                       predictor))
         measured.append(entropy() - before)
     return {"predicted": predicted, "measured": measured, "corr": _correlation(predicted, measured)}
 
 
-def run_theorem(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
+def run_theorem(config: Mapping[str, Any], seed: int, prepared: Any, predictor: str = "theorem") -> dict:
+    """TinyLM (judged) and tabular (mechanism check, and a large-lr diagnostic) prediction vs measurement.
+    ``predictor="advantage_only"`` is the null arm: the prediction without the entropy discriminator."""
     torch.set_num_threads(1)
-    arms, curves, stats = {}, {}, {}
-    for name, kind, lr in (("tabular_small_lr", "tabular", config["lr_small"]),
-                           ("tabular_large_lr", "tabular", config["lr_large"]),
-                           ("tinylm_small_lr", "tinylm", config["lr_tinylm"])):
-        out = theorem_updates(config, seed, lr, kind)
+    arms, curves = {}, {}
+    for name, kind, lr in (("tinylm_small_lr", "tinylm", config["lr_tinylm"]),
+                           ("tabular_small_lr", "tabular", config["lr_small"]),
+                           ("tabular_large_lr", "tabular", config["lr_large"])):
+        out = theorem_updates(config, seed, lr, kind, predictor)
         pred, meas = torch.tensor(out["predicted"]), torch.tensor(out["measured"])
         rel = float((pred - meas).norm() / meas.norm()) if float(meas.norm()) > 0 else math.nan
         arms[name] = {"corr": out["corr"], "rel_error": rel, "lr": lr,
                       "mean_measured_dH": float(meas.mean()), "mean_predicted_dH": float(pred.mean())}
         curves[name] = [[p, m] for p, m in zip(out["predicted"], out["measured"])]
         log_metrics(seed, arm=name, corr=out["corr"], rel_error=rel)
-    stats["corr_tabular_small_lr"] = arms["tabular_small_lr"]["corr"]
-    stats["corr_tabular_large_lr"] = arms["tabular_large_lr"]["corr"]
-    stats["corr_tinylm"] = arms["tinylm_small_lr"]["corr"]
-    return {"arms": arms, "statistics": stats, "curves": curves}
+    stats = {"corr_tinylm": arms["tinylm_small_lr"]["corr"], "rel_error_tinylm": arms["tinylm_small_lr"]["rel_error"],
+             "corr_tabular_small_lr": arms["tabular_small_lr"]["corr"],
+             "corr_tabular_large_lr": arms["tabular_large_lr"]["corr"]}
+    tab = arms["tabular_small_lr"]["corr"]
+    return {"arms": arms, "statistics": stats, "curves": curves,
+            "checks": {"tabular_corr": tab if math.isfinite(tab) else 0.0}}
 
 
 def plot_theorem(result: dict, ax) -> None:
@@ -231,14 +256,26 @@ def plot_theorem(result: dict, ax) -> None:
 ARMS = ("grpo_clipb", "grpo", "grpo_entropy_bonus")
 
 
-def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float) -> dict:
-    """Warm up TinyLM (same init per seed for every arm), then GRPO for ``steps`` updates; eval curve."""
+OPTION_NAME = {"grpo_clipb": "mu", "grpo_entropy_bonus": "entropy_coef", "grpo": "lr_factor"}
+
+
+def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float, option: float | None = None) -> dict:
+    """Warm up TinyLM (same init per seed for every arm), then GRPO for ``steps`` updates; eval curve.
+
+    ``option`` is the arm's second tuned knob: Clip_B's mu, the entropy-bonus coefficient, or for plain GRPO a
+    factor on its learning rate (a finer lr search, so every arm gets the same number of tuning runs); None takes
+    the config's default.
+    """
     task = DigitSum(config["n_given"], config["length"], config["n_heldout"])
     seed_everything(seed)
     model = _tiny_lm(config)
-    warm_up(model, task, config["warmup_steps"], config["warmup_lr"], seed)
-    cfg = EntropyRFTConfig(group_size=config["group_size"], clip_b=arm == "grpo_clipb", mu=config["mu"],
-                           entropy_coef=config["entropy_coef"] if arm == "grpo_entropy_bonus" else 0.0,
+    warm_up(model, task, config["warmup_steps"], config["warmup_lr"], seed, config.get("habit_prob", 0.0))
+    mu = option if arm == "grpo_clipb" and option is not None else config["mu"]
+    coef = option if arm == "grpo_entropy_bonus" and option is not None else config["entropy_coef"]
+    if arm == "grpo" and option is not None:
+        lr = lr * option
+    cfg = EntropyRFTConfig(group_size=config["group_size"], clip_b=arm == "grpo_clipb", mu=mu,
+                           entropy_coef=coef if arm == "grpo_entropy_bonus" else 0.0,
                            max_new_tokens=task.length, ppo_epochs=config["ppo_epochs"])
     gen = torch.Generator().manual_seed(seed + 1)  # same rollout randomness stream start for every arm
     eval_gen = torch.Generator().manual_seed(seed + 2)
@@ -258,27 +295,58 @@ def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float) -> dict
     return {"final": final, "curve": curve, "frac_clipped": sum(clipped) / max(len(clipped), 1)}
 
 
-def tune_shared_lr(config: Mapping[str, Any]) -> dict:
-    """One learning rate for every arm: the grid point with the best final held-out Avg@1 of plain GRPO on the
-    tuning seed (the baseline gets the tuning; the other arms inherit its rate)."""
-    scores = {repr(lr): train_arm("grpo", config, TUNING_SEED, lr)["final"]["avg_at_1"] for lr in config["lr_grid"]}
-    best = max(scores, key=lambda k: scores[k])
-    return {"lr": float(best), "grid_scores": scores, "tuning_seed": TUNING_SEED, "tuned_arm": "grpo"}
+_CACHE: dict[str, dict] = {}
 
 
-def run_arms(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any]) -> dict:
+def _train_cached(arm: str, config: Mapping[str, Any], seed: int, lr: float, option: float | None) -> dict:
+    """``train_arm`` memoised in-process, so the two Clip_B specs share their tuning and seeds."""
+    import json
+
+    key = json.dumps([arm, dict(config), seed, lr, option], sort_keys=True, default=str)
+    if key not in _CACHE:
+        _CACHE[key] = train_arm(arm, config, seed, lr, option)
+    return _CACHE[key]
+
+
+def tune_arms(config: Mapping[str, Any]) -> dict:
+    """The same budget for every arm (harness ``tune_per_arm``, tuning seed 1000, score = final Pass@k):
+    (1) the learning rate on LogGrid(lr_center, 3, 3) at each arm's default option; (2) at that rate, a ListGrid
+    of 3 values of the arm's second knob (``OPTION_NAME``)."""
+    k = config["claim_k"]
+
+    def score(arm, lr, option, seed):
+        return _train_cached(arm, config, seed, lr, option)["final"][f"pass_at_{k}"]
+
+    lr = tune_per_arm({arm: LogGrid(center=config["lr_center"], factor=3.0, size=3) for arm in ARMS},
+                      lambda arm, value, seed: score(arm, value, None, seed), mode="max", desc="entropy_rft lr")
+    options = tune_per_arm({arm: ListGrid(tuple(config["options"][arm])) for arm in ARMS},
+                           lambda arm, value, seed: score(arm, lr["chosen"][arm], value, seed), mode="max",
+                           desc="entropy_rft options")
+    return {"tuning": {"lr": lr, "options": options}}
+
+
+def run_arms(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any], method_as: str = "grpo_clipb"
+             ) -> dict:
+    """Every arm at its tuned (lr, option) on one reported seed. ``method_as="grpo"`` is the null arm: the Clip_B
+    slot runs plain GRPO with GRPO's tuned settings."""
     torch.set_num_threads(1)
-    lr = prepared["lr"]
-    k = max(config["ks"])
-    runs = {arm: train_arm(arm, config, seed, lr) for arm in ARMS}
-    arms = {arm: {**run["final"], "frac_clipped": run["frac_clipped"], "lr": lr} for arm, run in runs.items()}
+    tuning = prepared["tuning"]
+    k = config["claim_k"]
+    runs, arms = {}, {}
+    for arm in ARMS:
+        source = method_as if arm == "grpo_clipb" else arm
+        lr, option = tuning["lr"]["chosen"][source], tuning["options"]["chosen"][source]
+        runs[arm] = _train_cached(source, config, seed, lr, option)
+        arms[arm] = {**runs[arm]["final"], "frac_clipped": runs[arm]["frac_clipped"], "lr": lr,
+                     OPTION_NAME[source]: option}
     curves = {arm: [[s, ev["entropy"]] for s, ev in run["curve"]] for arm, run in runs.items()}
     c, g = arms["grpo_clipb"], arms["grpo"]
     stats = {f"pass_at_{k}_gain": c[f"pass_at_{k}"] - g[f"pass_at_{k}"],
              "entropy_gain": c["entropy"] - g["entropy"],
              "avg_at_1_gap": c["avg_at_1"] - g["avg_at_1"],
              "bonus_pass_gain": arms["grpo_entropy_bonus"][f"pass_at_{k}"] - g[f"pass_at_{k}"]}
-    return {"arms": arms, "statistics": stats, "curves": curves}
+    return {"arms": arms, "statistics": stats, "curves": curves,
+            "checks": {"clip_fraction": arms["grpo_clipb"]["frac_clipped"]}}
 
 
 def plot_entropy(result: dict, ax) -> None:
@@ -288,14 +356,20 @@ def plot_entropy(result: dict, ax) -> None:
 
 
 # -- specs -----------------------------------------------------------------------------------------------------
+THEOREM_THRESHOLD = 0.5
 THEOREM_COMPARATOR = Comparator(
-    "corr_tabular_small_lr", ">=", 0.95,
-    "Pearson correlation between predicted and measured per-update entropy change for the tabular policy at the "
-    "small learning rate >= 0.95 (Theorem 3.3 is first order, so it should be near 1 for small steps)")
+    "corr_tinylm", ">=", THEOREM_THRESHOLD,
+    f"Pearson correlation between the first-order predicted and the measured per-update entropy change of a TinyLM "
+    f"(shared parameters, SGD) >= {THEOREM_THRESHOLD}: the theorem orders the entropy changes of a real network")
+CLAIM_K = 4
 PASSK_COMPARATOR = Comparator(
-    "pass_at_16_gain", ">=", 0.02,
-    "Pass@16(GRPO + Clip_B) - Pass@16(GRPO) >= 0.02 after the same number of updates at the same lr; "
-    "entropy_gain (> 0 expected) and avg_at_1_gap (|.| small expected) are reported next to it")
+    f"pass_at_{CLAIM_K}_gain", ">", 0.0,
+    f"Pass@{CLAIM_K}(GRPO + Clip_B) - Pass@{CLAIM_K}(GRPO) > 0 after the same updates, each arm at its own tuned "
+    f"settings; avg_at_1_gap is reported next to it")
+ENTROPY_COMPARATOR = Comparator(
+    "entropy_gain", ">", 0.0, "final mean token entropy of GRPO + Clip_B minus GRPO's > 0")
+CLIP_CHECK = MechanismCheck("clip_fraction", ">=", 0.01,
+                            "Clip_B dropped at least 1% of the valid tokens (mean over updates) on every seed")
 
 # Pilots (plain GRPO only, before any arm comparison) showed TinyLM learns nothing in budget when the prompt also
 # carries given digits (m = 1 or 2: Avg@1 stays at the 10% chance level), so the claims use m = 0: 10 prompts,
@@ -309,38 +383,54 @@ def _theorem(updates: int, **kw: Any) -> dict:
             "lr_small": 0.05, "lr_large": 50.0, "lr_tinylm": 0.01, **kw}
 
 
-def _arms(steps: int, grid: list[float], **kw: Any) -> dict:
-    return {**_TASK, **_LM, "group_size": 8, "prompts_per_step": 8, "steps": steps, "eval_every": max(steps // 10, 1),
-            "eval_samples": 32, "ks": [1, 8, 16], "mu": 2.5, "entropy_coef": 0.01, "ppo_epochs": 1,
-            "lr_grid": grid, **kw}
+def _arms(steps: int, **kw: Any) -> dict:
+    return {**_TASK, **_LM, "habit_prob": 0.8, "group_size": 8, "prompts_per_step": 8, "steps": steps,
+            "eval_every": max(steps // 4, 1), "eval_samples": 32, "ks": [1, CLAIM_K, 16], "claim_k": CLAIM_K,
+            "mu": 2.5, "entropy_coef": 0.01, "ppo_epochs": 1, "lr_center": 3e-3,
+            "options": {"grpo_clipb": [1.0, 1.5, 2.5], "grpo_entropy_bonus": [0.003, 0.01, 0.03],
+                        "grpo": [0.6, 1.0, 1.7]}, **kw}
 
+
+_ARM_TIERS = {"smoke": _arms(3, warmup_steps=5, eval_samples=16), "quick": _arms(40), "full": _arms(200)}
+_CLIPB_NOTES = ("TinyLM (vocab 16, d=32, 2 layers) warmed up for 40 steps on answers that are 80% a fixed wrong "
+                "'habit' answer per prompt, then GRPO with G=8 and 8 prompts per update; the paper trains Qwen2.5-7B "
+                "on DAPO-Math with G=16.")
 
 SPECS = [
     ExperimentSpec(
-        id="entropy_theorem", room="entropy_rft",
+        id="entropy_theorem_tinylm", room="entropy_rft",
         claim="To first order a GRPO update changes the entropy by -alpha A (S_k - E_{j~p}[S_j]) per token",
         paper_ref="arXiv 2602.03392, Theorem 3.3 (Sec. 3)",
-        metric="correlation of predicted vs measured per-update entropy change",
-        arms=("tabular_small_lr", "tabular_large_lr", "tinylm_small_lr"), baseline="tabular_large_lr",
+        metric="per seed: Pearson correlation of predicted vs measured per-update entropy change of a TinyLM over "
+               "60 GRPO + SGD updates",
+        arms=("tinylm_small_lr", "tabular_small_lr", "tabular_large_lr"), baseline="tabular_small_lr",
         comparator=THEOREM_COMPARATOR, run=run_theorem, plot=plot_theorem,
         tiers={"smoke": _theorem(5, warmup_steps=5), "quick": _theorem(60), "full": _theorem(300)},
-        seeds={"smoke": 1, "quick": 3, "full": 5},
-        notes="Tabular policy = logit table over (answer position, residual mod 10), SGD, so the theorem's "
-              "assumption holds; TinyLM (SGD, same tabular alpha) is reported, not judged.",
+        seeds={"smoke": 1, "quick": 5, "full": 5}, null_value=0.0,
+        checks=(MechanismCheck("tabular_corr", ">=", 0.99,
+                               "where the theorem is exact to first order (tabular softmax, small SGD step) the "
+                               "implemented prediction correlates >= 0.99 with the measured change"),),
+        notes="TinyLM with SGD lr 0.01 and the tabular alpha = lr / N (its scale is not the network's, so the "
+              "relative error is reported, not judged). The tabular policy (logit table over answer position and "
+              "residual mod 10) is the mechanism check.",
     ),
     ExperimentSpec(
         id="clipb_passk", room="entropy_rft",
-        claim="Clip_B keeps entropy higher than GRPO and improves Pass@k at about the same Avg@1",
+        claim="Clip_B improves Pass@k over GRPO at about the same Avg@1",
         paper_ref="arXiv 2602.03392, Sec. 5 (Tables on AMC23/AIME24/AIME25, Avg@32 / Pass@32)",
-        metric="Pass@16, Avg@1 and mean token entropy on the 10 task prompts (32 samples each) after the same "
-               "number of GRPO updates",
-        arms=ARMS, baseline="grpo", comparator=PASSK_COMPARATOR, run=run_arms, prepare=tune_shared_lr,
-        plot=plot_entropy,
-        tiers={"smoke": _arms(4, [1e-3], warmup_steps=5, eval_samples=16),
-               "quick": _arms(150, [3e-4, 1e-3, 3e-3]),
-               "full": _arms(600, [1e-4, 3e-4, 1e-3, 3e-3])},
-        seeds={"smoke": 1, "quick": 3, "full": 5},
-        notes="TinyLM (vocab 16, d=32, 2 layers), briefly warmed up on random correct answers, then GRPO with G=8 "
-              "and 8 prompts per update; the paper trains Qwen2.5-7B on DAPO-Math with G=16.",
+        metric=f"paired per seed: Pass@{CLAIM_K} of GRPO + Clip_B minus GRPO on the 10 task prompts (32 samples each) "
+               f"after 40 updates, each arm at its tuned settings",
+        arms=ARMS, baseline="grpo", comparator=PASSK_COMPARATOR, run=run_arms, prepare=tune_arms,
+        plot=plot_entropy, tiers=_ARM_TIERS, seeds={"smoke": 1, "quick": 5, "full": 5}, checks=(CLIP_CHECK,),
+        null_value=0.0, notes=_CLIPB_NOTES,
+    ),
+    ExperimentSpec(
+        id="clipb_entropy", room="entropy_rft",
+        claim="Clip_B keeps the policy entropy higher than GRPO",
+        paper_ref="arXiv 2602.03392, Sec. 5 (entropy curves)",
+        metric="paired per seed: final mean token entropy of GRPO + Clip_B minus GRPO (same runs as clipb_passk)",
+        arms=ARMS, baseline="grpo", comparator=ENTROPY_COMPARATOR, run=run_arms, prepare=tune_arms,
+        plot=plot_entropy, tiers=_ARM_TIERS, seeds={"smoke": 1, "quick": 5, "full": 5}, checks=(CLIP_CHECK,),
+        null_value=0.0, notes=_CLIPB_NOTES,
     ),
 ]
