@@ -281,6 +281,16 @@ def claim_statistics(curves: Mapping[str, list], config: Mapping[str, Any]) -> d
 
 
 def tune(config: Mapping[str, Any]) -> dict:
+    """:func:`tune_strengths`, memoised per process: the three specs share one tuning (same config, same rule)."""
+    return json.loads(_tune_cached(json.dumps(dict(config), sort_keys=True)))
+
+
+@functools.lru_cache(maxsize=4)
+def _tune_cached(config_json: str) -> str:
+    return json.dumps(tune_strengths(json.loads(config_json)))
+
+
+def tune_strengths(config: Mapping[str, Any]) -> dict:
     """Each stabiliser's strength and the escape's reconstructed option (harness rule, tuning seed 1000, no probes).
 
     Score: the broad loss where the arm first reaches L* (75% of plain's task-loss reduction on the tuning seed);
