@@ -281,7 +281,7 @@ def test_pretrain_few_steps_and_resume(tmp_path):
     from icml26.methods.tabicl2.pretrain import main
     model = json.dumps(SMALL)
     common = ["--out", str(tmp_path / "run"), "--batch", "2", "--min-rows", "24", "--max-rows", "32",
-              "--max-features", "4", "--ckpt-every", "2", "--eval-every", "1000", "--model", model]
+              "--max-features", "4", "--ckpt-every", "2", "--eval-every", "1000", "--val-batches", "1", "--model", model]
     r1 = main(common + ["--steps", "2"])
     assert r1["steps"] == 2 and (tmp_path / "run" / "state.pt").exists()
     # a later call with a longer schedule resumes from step 2 instead of restarting
@@ -299,7 +299,7 @@ def test_pretrain_resume_reproduces_uninterrupted_run(tmp_path):
     """A run killed after a checkpoint and resumed ends with the same weights as an uninterrupted run."""
     from icml26.methods.tabicl2.pretrain import main
     common = ["--batch", "2", "--min-rows", "24", "--max-rows", "32", "--max-features", "3", "--ckpt-every", "2",
-              "--eval-every", "1000", "--model", json.dumps(SMALL), "--steps", "4"]
+              "--eval-every", "1000", "--val-batches", "1", "--model", json.dumps(SMALL), "--steps", "4"]
     main(["--out", str(tmp_path / "a")] + common)
     assert main(["--out", str(tmp_path / "b"), "--stop-at", "3"] + common) == {"stopped_at": 3}
     assert torch.load(tmp_path / "b" / "state.pt", weights_only=False)["step"] == 2  # step 3 was lost
@@ -319,7 +319,7 @@ def test_ddp_two_cpu_processes_stay_in_sync(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
            "-m", "icml26.methods.tabicl2.pretrain", "--out", str(tmp_path / "ddp"), "--steps", "3", "--batch", "2",
            "--min-rows", "24", "--max-rows", "32", "--max-features", "3", "--ckpt-every", "2", "--eval-every", "1000",
-           "--model", json.dumps(SMALL)]
+           "--val-batches", "1", "--model", json.dumps(SMALL)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert '"ranks_in_sync": true' in proc.stdout and '"world_size": 2' in proc.stdout

@@ -57,6 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--val-batches", type=int, default=4, help="held-out prior batches of 16 (256 rows, 8 features)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stop-at", type=int, default=0, help="leave after this step as if killed (tests resume)")
     p.add_argument("--model", default="{}", help="JSON overrides of TabICLConfig, e.g. '{\"ssmax\": \"none\"}'")
@@ -185,7 +186,7 @@ def main(argv=None) -> dict:
         log_path.unlink()
     for g in opt.param_groups:
         g.setdefault("initial_lr", args.lr)
-    val = validation_set() if rank == 0 else None
+    val = validation_set(n_batches=args.val_batches) if rank == 0 else None
     n_params = sum(p.numel() for p in model.parameters())
     if rank == 0:
         print(f"TabICL {n_params} parameters, optimizer {args.optimizer}, lr {args.lr}, world {world}", flush=True)
