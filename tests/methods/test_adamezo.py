@@ -246,7 +246,7 @@ def test_smoke_tier_runs_end_to_end_through_the_harness(tmp_path):
 
     result = run_spec(SPECS[0], "smoke", tmp_path)
     assert result["status"] == "complete" and result["verdict"] == "inconclusive"
-    assert set(result["prepared"]["tuning"]["chosen"]) == {"adamezo", "mezo", "adam"}
+    assert set(result["prepared"]["tuning"]["chosen"]) == {"adamezo", "mezo"}
     assert {c["name"] for c in result["mechanism_checks"]} >= {"update_cosine_adamezo", "tuned_inside_grid"}
 
 
