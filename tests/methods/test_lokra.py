@@ -326,3 +326,25 @@ def test_digits_claim_runs_at_smoke_tier_with_equal_budgets(tmp_path):
     assert 0.99 <= result["statistics"]["param_ratio_lokra_plus"]["mean"] <= 1.0
     assert all(math.isfinite(v["mean"]) for v in result["statistics"].values())
     assert arms["lora"]["penalty"]["mean"] == 0.0 < arms["lokra"]["penalty"]["mean"]
+    assert {c["name"] for c in result["mechanism_checks"]} >= {"factor_msc_drop_lokra", "tuned_inside_grid"}
+
+
+@pytest.mark.parametrize("spec_id", ["digits_lokra", "digits_lokra_plus", "digits_update_lokra",
+                                     "digits_update_lokra_plus", "tiny_lm_lokra", "tiny_lm_lokra_plus",
+                                     "smollm2_genre_lokra", "smollm2_genre_lokra_plus"])
+def test_null_arm_method_switched_back_to_lora_fails_the_comparator(spec_id):
+    """The method arm built as LoRA (same init, same rate, no penalty): the statistic is the null value, which the
+    comparator rejects. The SmolLM2 specs share their comparators with the digits ones (their smoke tier loads
+    the 135M model, so they are checked on the digits null arm)."""
+    from icml26.methods.lokra.experiments import SPECS, run_seed
+
+    spec = next(s for s in SPECS if s.id == spec_id)
+    method = spec.arms[0]
+    source = spec if not spec_id.startswith("smollm2") else next(s for s in SPECS if s.id == "digits_" + spec_id[14:])
+    config = dict(source.tiers["smoke"], as_baseline=[method])
+    lr = config["lr_centers"]["lora"]
+    prepared = {"tuning": {"lr": {"chosen": {a: lr for a in ("lora", "lokra", "lokra_plus")}},
+                           "lam": {"chosen": {"lokra": 0.1, "lokra_plus": 0.1}}}}
+    value = run_seed(config, 0, prepared)["statistics"][spec.comparator.statistic]
+    assert value == pytest.approx(spec.null_value, abs=1e-9)
+    assert not spec.comparator.holds(value)
