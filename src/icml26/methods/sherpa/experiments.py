@@ -180,7 +180,7 @@ _COMMON = {"pretrain_steps": 1000, "k_frac": 0.25, "m_samples": 64, "lora_lr": 3
 TIERS = {
     "smoke": {**_COMMON, "pretrain_steps": 20, "n_train": 16, "n_test": 16, "n_suite": 8, "steps": 2, "batch": 4,
               "m_samples": 8},
-    "quick": {**_COMMON, "n_train": 256, "n_test": 256, "n_suite": 128, "steps": 150, "batch": 16},
+    "quick": {**_COMMON, "n_train": 256, "n_test": 192, "n_suite": 96, "steps": 120, "batch": 16},
     "full": {**_COMMON, "n_train": 512, "n_test": 512, "n_suite": 256, "steps": 600, "batch": 16},
 }
 _NOTES = ("Segmenters in SAM's shape trained from scratch here (32x32 grayscale, patch 4, d 32/64, 2/4 blocks) on "
