@@ -281,3 +281,14 @@ def test_null_arm_cannot_pass_the_comparator():
     res = run_seed(config, 0, None)
     assert res["statistics"]["state_gain"] == 0.0
     assert not spec.comparator.holds(res["statistics"]["state_gain"])
+
+
+def test_layout_picture_for_a_users_nifti(tmp_path):
+    from icml26.methods.omni_fmri.viz import main
+
+    data = np.zeros((16, 16, 16, 6), np.float32)
+    data[2:14, 2:14, 2:14] = np.random.default_rng(0).normal(size=(12, 12, 12, 6)) + 3
+    path = save_run(tmp_path / "run.nii.gz", data, np.diag([6.0, 6.0, 6.0, 1.0]), tr=0.72)
+    out = tmp_path / "layout.png"
+    main([str(path), "--native", "--frames", "6", "--out", str(out)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
