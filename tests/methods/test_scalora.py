@@ -437,3 +437,20 @@ def test_teacher_student_claim_runs_at_smoke_tier(tmp_path):
     assert all(math.isfinite(result["arms"][arm]["final_val_loss"]["mean"]) for arm in spec.arms)
     assert result["arms"]["lora"]["erank_mean"]["mean"] <= 4 + 1e-6
     assert (tmp_path / "scalora" / "teacher_student.png").exists()
+    assert {c["name"] for c in result["mechanism_checks"]} >= {"erank_scalora_over_r", "tuned_inside_grid"}
+
+
+@pytest.mark.parametrize("spec_id", ["teacher_student", "teacher_student_vs_relora", "mlp_digits_rotated",
+                                     "mlp_digits_rotated_vs_relora", "smollm2_folio"])
+def test_null_arm_scalora_switched_back_to_its_baseline_fails_the_comparator(spec_id):
+    """ScaLoRA's arm built as the spec's baseline (same seed, same rate): the statistic is exactly 0, rejected."""
+    from icml26.methods.scalora.experiments import SPECS, run_seed
+
+    spec = next(s for s in SPECS if s.id == spec_id)
+    config = dict(spec.tiers["smoke"], as_baseline={"scalora": spec.baseline})
+    lr = 1e-3  # a rate at which ReLoRA's 30 smoke steps end below its start (so its race is defined)
+    prepared = {"tuning": {"lr": {"chosen": {a: lr for a in config["arms"]}},
+                           "proxy": {"chosen": {"scalora": "adam"}}}}
+    value = run_seed(config, 0, prepared)["statistics"][spec.comparator.statistic]
+    assert value == pytest.approx(spec.null_value)
+    assert not spec.comparator.holds(value)
