@@ -465,3 +465,77 @@ def test_works_on_a_hugging_face_llama():
     small, report = truncate_to_budget(model, 0.5, components=hook)
     assert isinstance(small, transformers.LlamaForCausalLM) and report.params <= int(0.5 * count_parameters(model))
     assert torch.isfinite(small(input_ids=ids, labels=ids).loss)
+
+
+# -- recovery fine-tuning and the claims (issue 8) ----------------------------------------------------------------
+def _tiny_model(seed=0):
+    from icml26.models.tiny_lm import TinyLM, TinyLMConfig
+
+    torch.manual_seed(seed)
+    return TinyLM(TinyLMConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, max_seq_len=16))
+
+
+@pytest.mark.parametrize("kind", ["svd", "magnitude", "hpa"])
+def test_recovery_keeps_rank_support_and_count_and_lowers_training_loss(kind):
+    from icml26.methods.salaad.baselines import magnitude_prune, rpca_components, svd_truncate
+    from icml26.methods.salaad.hpa import truncate_to_budget
+    from icml26.methods.salaad.recovery import recover, sparse_entries_kept
+
+    model = _tiny_model()
+    blocks = [n for n, p in model.named_parameters() if p.dim() == 2]
+    lows = None
+    if kind == "svd":
+        small, report = svd_truncate(model, 0.4, blocks)
+    elif kind == "magnitude":
+        small, report = magnitude_prune(model, 0.4, blocks)
+    else:
+        comps = rpca_components(model, blocks)
+        small, report = truncate_to_budget(model, 0.4, components=comps)
+        lows = {k: v[0] for k, v in comps.items()}
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 32, (8, 16), generator=gen)
+    batch = (x, torch.roll(x, -1, 1))
+    with torch.no_grad():
+        before = float(small(*batch)[1])
+    tuned, info = recover(small, report, lambda: batch, steps=30, lr=1e-2, lows=lows)
+    assert info["reconstruction_error"] < 1e-4
+    with torch.no_grad():
+        after = float(tuned(*batch)[1])
+    assert after < before
+    kept = sparse_entries_kept(tuned)
+    for name, b in report.blocks.items():
+        m, n = b["shape"]
+        if b["cost"] < m * n:
+            par = [v for k, v in kept.items() if k.startswith(name.rsplit(".", 1)[0] + ".parametrizations")]
+            assert par and par[0]["rank"] == b["rank"] and par[0]["nnz"] == b["nnz"]
+            w = dict(tuned.named_parameters())  # the deployed weight keeps rank <= b["rank"] off the support
+            module = tuned.get_submodule(name.rsplit(".", 1)[0])
+            mask = module.parametrizations.weight[0].mask
+            assert torch.linalg.matrix_rank(module.weight.detach() * (1 - mask)) <= b["rank"] or b["nnz"] > 0
+            del w
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_null_arm_salaad_switched_to_a_baseline_fails_the_comparator(index):
+    from icml26.methods.salaad.experiments import SPECS
+
+    spec = SPECS[index]
+    prep = {"tuning": {"chosen": {"salaad": 1e4, "rpca": 1.0, "svd": "uniform", "magnitude": "uniform"},
+                       "on_edge": []}}
+    out = spec.run(spec.tiers["smoke"], 0, prep, method_as="svd")
+    value = out["statistics"][spec.comparator.statistic]
+    assert value <= 0 and not spec.comparator.holds(value) and not spec.comparator.holds(spec.null_value)
+    assert out["checks"]["recovery_reconstruction"] <= 1e-4
+
+
+def test_tuning_gives_every_arm_the_same_number_of_settings(monkeypatch):
+    from icml26.methods.salaad import experiments
+
+    seen = {}
+    monkeypatch.setattr(experiments, "train", lambda config, seed, coupled, rho_scale: (None, None))
+    monkeypatch.setattr(experiments, "compress_curve", lambda arm, value, *a, **k: seen.setdefault(arm, []).append(
+        value) or {0.1: {"loss": 1.0 + (abs(math.log10(value) - 4) if arm == "salaad" else
+                                         abs(math.log2(value)) if arm == "rpca" else 0.0)}})
+    out = experiments.tune(experiments.TIERS["quick"])["tuning"]
+    assert {arm: len(v) for arm, v in seen.items()} == {"salaad": 3, "rpca": 3, "svd": 3, "magnitude": 3}
+    assert out["chosen"]["salaad"] == 1e4 and out["chosen"]["rpca"] == 1.0 and out["on_edge"] == []

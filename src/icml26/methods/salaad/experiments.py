@@ -1,6 +1,7 @@
 """SALAAD's deployment claim: one training run, truncated to any budget, beats post-hoc compression of a normal run.
 
-Protocol (fixed before any quick-tier run):
+Protocol (the first design, kept; issue 8 adds recovery fine-tuning and the high-budget report; pre-registered in
+the README before the first run of this version):
 
 1. Two training runs per seed with the same initialisation, batch order and optimizer (the official AdamW,
    lr 8e-3, betas (0.9, 0.95), no weight decay, linear warm-up then cosine to 0.1 lr, gradient clip 1):
@@ -8,14 +9,16 @@ Protocol (fixed before any quick-tier run):
      plain training) whose tracked L + S gives the ablation arm ``salaad_uncoupled``;
    * ``salaad``: the coupled loss with the ADMM block every ``num_freq`` = 2 steps (official controller settings).
 2. Every arm is compressed to each budget in ``budgets`` (fractions of the dense parameter count, one count for all
-   arms: ``budget.block_cost``) and scored by validation loss (nats per byte) on fixed held-out batches:
-   ``salaad`` and ``salaad_uncoupled`` by HPA (gamma 0.5); ``svd``, ``magnitude`` and ``rpca`` (IALM-RPCA + the same
-   HPA truncation) from the vanilla model.
-3. Equal tuning budget: every arm has exactly three settings (SALAAD: rho scale of the official per-layer rho; SVD and
-   magnitude: how the budget is allocated across blocks; RPCA: lambda scale). On a separate tuning seed each arm
-   keeps the setting with the lowest mean validation loss over budgets <= 30% (the claim's own metric).
-4. Claim statistic per seed: ``low_budget_margin`` = min over svd, magnitude, rpca of
-   (mean loss over budgets <= 30%) - (SALAAD's). Reproduced when it is > 0 (judge: mean and >= 2/3 of seeds).
+   arms: ``budget.block_cost``): ``salaad`` and ``salaad_uncoupled`` by HPA (gamma 0.5); ``svd``, ``magnitude``
+   and ``rpca`` (IALM-RPCA + the same HPA truncation) from the vanilla model. Then **every arm** gets the same
+   recovery fine-tuning (``recovery.recover``: ``recovery_steps`` AdamW steps at ``recovery_lr`` on the same
+   training batches, keeping each block's rank and sparse support, so the parameter count is unchanged), and is
+   scored by validation loss (nats per byte) on fixed held-out batches.
+3. Equal tuning budget (harness ``tune_per_arm``, tuning seed 1000, score = mean loss after recovery over budgets
+   <= 30%): SALAAD's rho scale LogGrid(1e4, x10, 3) and RPCA's lambda scale LogGrid(1, x2, 3), both extended at an
+   edge; SVD and magnitude allocations as 3-option ListGrids.
+4. Statistics per seed: ``low_budget_margin`` = min over svd, magnitude, rpca of (mean loss over budgets <= 30%)
+   minus SALAAD's (claim: > 0); ``high_budget_margin``, the same over budgets >= 50% (the paper's "any budget").
 """
 
 from __future__ import annotations
@@ -29,21 +32,27 @@ from torch import nn
 from ...core.logging import log_metrics
 from ...core.progress import progress
 from ...core.seeding import seed_everything
-from ...harness.spec import Comparator, ExperimentSpec
+from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
+from ...harness.tuning import ListGrid, LogGrid, tune_per_arm
 from .admm import SALAAD
 from .baselines import magnitude_prune, rpca_components, svd_truncate
 from .config import SALAADConfig, official_block_config
 from .hpa import truncate_to_budget
+from .recovery import recover
 
-TUNING_SEED = 10_000
 LOW_BUDGET = 0.3
+HIGH_BUDGET = 0.5
 POST_HOC = ("svd", "magnitude", "rpca")
 CLAIM = ("One SALAAD training run, truncated at deployment (HPA) to any parameter budget, gives lower loss than a "
          "normally trained model compressed afterwards by SVD truncation, magnitude pruning or RPCA")
 COMPARATOR = Comparator(
     "low_budget_margin", ">", 0.0,
-    "min over {svd, magnitude, rpca} of [mean validation loss over budgets <= 30%] minus SALAAD's is > 0: SALAAD's "
-    "low-budget loss is below every post-hoc baseline's")
+    "min over {svd, magnitude, rpca} of [mean validation loss over budgets <= 30%, after recovery fine-tuning] "
+    "minus SALAAD's is > 0: SALAAD's low-budget loss is below every post-hoc baseline's")
+HIGH_COMPARATOR = Comparator(
+    "high_budget_margin", ">", 0.0,
+    "min over {svd, magnitude, rpca} of [mean validation loss over budgets >= 50%, after recovery fine-tuning] "
+    "minus SALAAD's is > 0: SALAAD also wins at the large budgets of its 'any budget' range")
 
 
 def _lm_config(config: Mapping[str, Any]):
@@ -82,8 +91,21 @@ def _lr_factor(step: int, steps: int, warmup: int, min_ratio: float = 0.1) -> fl
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress_frac))
 
 
+_TRAINED: dict[str, tuple[nn.Module, SALAAD]] = {}
+
+
 def train(config: Mapping[str, Any], seed: int, *, coupled: bool, rho_scale: float) -> tuple[nn.Module, SALAAD]:
-    """One training run; ``coupled=False`` is plain training with a tracked (uncoupled) decomposition."""
+    """One training run (memoised in-process; callers never modify the returned model); ``coupled=False`` is plain
+    training with a tracked (uncoupled) decomposition."""
+    import json
+
+    key = json.dumps([dict(config), seed, coupled, rho_scale if coupled else None], sort_keys=True, default=str)
+    if key not in _TRAINED:
+        _TRAINED[key] = _train(config, seed, coupled=coupled, rho_scale=rho_scale)
+    return _TRAINED[key]
+
+
+def _train(config: Mapping[str, Any], seed: int, *, coupled: bool, rho_scale: float) -> tuple[nn.Module, SALAAD]:
     from ...data.text import load_corpus, sample_batch
     from ...models.tiny_lm import TinyLM
 
@@ -116,11 +138,26 @@ def _key(fraction: float) -> str:
     return f"b{round(fraction * 100):03d}"
 
 
-def compress_curve(arm: str, setting: Any, model: nn.Module, hook: SALAAD, budgets: list[float],
-                   batches: list) -> dict[float, tuple[float, int]]:
-    """{budget: (validation loss, parameter count)} of one arm from its trained model."""
+def _recovery_batches(config: Mapping[str, Any], seed: int, fraction: float):
+    """The same recovery batches for every arm at a given (seed, budget)."""
+    from ...data.text import load_corpus, sample_batch
+
+    data = load_corpus(config["corpus"]).train
+    gen = torch.Generator().manual_seed(10_000 * (seed + 1) + round(fraction * 100))
+    return lambda: sample_batch(data, config["batch_size"], config["seq_len"], gen)
+
+
+def compress_curve(arm: str, setting: Any, model: nn.Module, hook: SALAAD, budgets: list[float], batches: list,
+                   config: Mapping[str, Any] | None = None, seed: int = 0) -> dict[float, dict]:
+    """{budget: {"loss", "loss_before_recovery", "params", "reconstruction_error"}} of one arm from its trained
+    model; with ``config`` each compressed model gets ``config["recovery_steps"]`` structure-keeping steps."""
     blocks = list(hook.blocks)
     comps = rpca_components(model, blocks, lam_scale=float(setting)) if arm == "rpca" else hook
+    lows = None
+    if arm == "rpca":
+        lows = {name: pair[0] for name, pair in comps.items()}
+    elif arm in ("salaad", "salaad_uncoupled"):
+        lows = {name: pair[0] for name, pair in hook.components().items()}
     out = {}
     for f in budgets:
         if arm in ("salaad", "salaad_uncoupled", "rpca"):
@@ -131,77 +168,124 @@ def compress_curve(arm: str, setting: Any, model: nn.Module, hook: SALAAD, budge
             small, report = magnitude_prune(model, f, blocks, allocation=setting)
         else:
             raise ValueError(f"unknown arm {arm!r}")
-        out[f] = (val_loss(small, batches), report.params)
+        before = val_loss(small, batches)
+        steps = config["recovery_steps"] if config is not None else 0
+        if steps:
+            with torch.enable_grad():
+                small, info = recover(small, report, _recovery_batches(config, seed, f), steps, config["recovery_lr"],
+                                      lows)
+            after, err = val_loss(small, batches), info["reconstruction_error"]
+        else:
+            after, err = before, 0.0
+        out[f] = {"loss": after, "loss_before_recovery": before, "params": report.params,
+                  "reconstruction_error": err}
     return out
 
 
-def _low(curve: Mapping[float, tuple[float, int]]) -> float:
-    values = [loss for f, (loss, _) in curve.items() if f <= LOW_BUDGET + 1e-9]
+def _low(curve: Mapping[float, Mapping[str, float]], key: str = "loss") -> float:
+    values = [r[key] for f, r in curve.items() if f <= LOW_BUDGET + 1e-9]
     return sum(values) / len(values) if values else math.nan
 
 
+def _high(curve: Mapping[float, Mapping[str, float]], key: str = "loss") -> float:
+    values = [r[key] for f, r in curve.items() if f >= HIGH_BUDGET - 1e-9]
+    return sum(values) / len(values) if values else math.nan
+
+
+def _grids(config: Mapping[str, Any]) -> dict:
+    g = config["grids"]
+    return {"salaad": LogGrid(center=g["salaad"], factor=10.0, size=3),
+            "rpca": LogGrid(center=g["rpca"], factor=2.0, size=3),
+            "svd": ListGrid(tuple(g["svd"])), "magnitude": ListGrid(tuple(g["magnitude"]))}
+
+
 def tune(config: Mapping[str, Any]) -> dict:
-    """Three settings per arm on the tuning seed; keep the lowest mean loss over budgets <= 30%."""
-    grids = config["grids"]
-    if all(len(g) == 1 for g in grids.values()):
-        return {"choices": {arm: g[0] for arm, g in grids.items()}, "scores": {}, "tuning_seed": TUNING_SEED,
-                "on_grid_edge": []}
-    batches, budgets = _val_batches(config), config["budgets"]
-    scores: dict[str, dict[str, float]] = {arm: {} for arm in grids}
-    vanilla, v_hook = train(config, TUNING_SEED, coupled=False, rho_scale=1.0)
-    for arm in ("svd", "magnitude", "rpca"):
-        for setting in grids[arm]:
-            scores[arm][str(setting)] = _low(compress_curve(arm, setting, vanilla, v_hook, budgets, batches))
-    for rho_scale in grids["salaad"]:
-        model, hook = train(config, TUNING_SEED, coupled=True, rho_scale=rho_scale)
-        scores["salaad"][str(rho_scale)] = _low(compress_curve("salaad", rho_scale, model, hook, budgets, batches))
-    choices, edge = {}, []
-    for arm, table in scores.items():
-        best = min(table, key=lambda k: table[k] if math.isfinite(table[k]) else math.inf)
-        choices[arm] = next(g for g in grids[arm] if str(g) == best)
-        # Only the numeric grids (rho, lambda) have edges; a chosen edge value may mean the arm is under-tuned.
-        if arm in ("salaad", "rpca") and best in (str(grids[arm][0]), str(grids[arm][-1])):
-            edge.append(arm)
-    return {"choices": choices, "scores": scores, "tuning_seed": TUNING_SEED, "on_grid_edge": edge}
+    """Equal budget per arm (3 settings, LogGrids extended at an edge) on tuning seed 1000; score = mean loss after
+    recovery over budgets <= 30% (the claim's own metric)."""
+    batches = _val_batches(config)
+    low_budgets = [f for f in config["budgets"] if f <= LOW_BUDGET + 1e-9]
+
+    def score(arm: str, value: Any, seed: int) -> float:
+        if arm == "salaad":
+            model, hook = train(config, seed, coupled=True, rho_scale=float(value))
+        else:
+            model, hook = train(config, seed, coupled=False, rho_scale=1.0)
+        return _low(compress_curve(arm, value, model, hook, low_budgets, batches, config, seed))
+
+    return {"tuning": tune_per_arm(_grids(config), score, mode="min", desc="salaad tuning")}
 
 
-def run_seed(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any]) -> dict:
-    """Both training runs, every arm at every budget; the statistic compares low-budget losses."""
-    choices = prepared["choices"]
+_SEEDS: dict[str, dict] = {}
+
+
+def seed_curves(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any]) -> dict:
+    """Both training runs and every arm at every budget, after recovery (memoised: the two specs share them)."""
+    import json
+
+    choices = prepared["tuning"]["chosen"]
+    key = json.dumps([dict(config), seed, choices], sort_keys=True, default=str)
+    if key in _SEEDS:
+        return _SEEDS[key]
     batches, budgets = _val_batches(config), config["budgets"]
     vanilla, v_hook = train(config, seed, coupled=False, rho_scale=1.0)
     model, hook = train(config, seed, coupled=True, rho_scale=float(choices["salaad"]))
     curves = {
-        "salaad": compress_curve("salaad", choices["salaad"], model, hook, budgets, batches),
-        "svd": compress_curve("svd", choices["svd"], vanilla, v_hook, budgets, batches),
-        "magnitude": compress_curve("magnitude", choices["magnitude"], vanilla, v_hook, budgets, batches),
-        "rpca": compress_curve("rpca", choices["rpca"], vanilla, v_hook, budgets, batches),
-        "salaad_uncoupled": compress_curve("salaad_uncoupled", None, vanilla, v_hook, budgets, batches),
+        "salaad": compress_curve("salaad", choices["salaad"], model, hook, budgets, batches, config, seed),
+        "svd": compress_curve("svd", choices["svd"], vanilla, v_hook, budgets, batches, config, seed),
+        "magnitude": compress_curve("magnitude", choices["magnitude"], vanilla, v_hook, budgets, batches, config,
+                                    seed),
+        "rpca": compress_curve("rpca", choices["rpca"], vanilla, v_hook, budgets, batches, config, seed),
+        "salaad_uncoupled": compress_curve("salaad_uncoupled", None, vanilla, v_hook, budgets, batches, config,
+                                           seed),
     }
-    dense = {"salaad": val_loss(model, batches), "vanilla": val_loss(vanilla, batches)}
+    out = {"curves": curves, "dense": {"salaad": val_loss(model, batches), "vanilla": val_loss(vanilla, batches)},
+           "stats": hook.stats(), "n_dense": sum(p.numel() for p in model.parameters())}
+    _SEEDS[key] = out
+    return out
+
+
+def run_seed(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any], method_as: str = "salaad") -> dict:
+    """Every arm at every budget after recovery; both margins. ``method_as="svd"`` is the null arm: the SALAAD
+    slot holds the SVD arm's curve (the method switched back to a baseline)."""
+    data = seed_curves(config, seed, prepared)
+    curves = dict(data["curves"])
+    curves["salaad"] = curves[method_as]
+    dense = data["dense"]
     arms = {}
     for arm, curve in curves.items():
-        metrics = {f"loss_{_key(f)}": loss for f, (loss, _) in curve.items()}
-        metrics.update({f"params_{_key(f)}": float(p) for f, (_, p) in curve.items()})
-        metrics["low_budget_loss"] = _low(curve)
-        metrics["dense_loss"] = dense["salaad" if arm == "salaad" else "vanilla"]
+        metrics = {f"loss_{_key(f)}": r["loss"] for f, r in curve.items()}
+        metrics.update({f"loss_before_recovery_{_key(f)}": r["loss_before_recovery"] for f, r in curve.items()})
+        metrics.update({f"params_{_key(f)}": float(r["params"]) for f, r in curve.items()})
+        metrics["low_budget_loss"], metrics["high_budget_loss"] = _low(curve), _high(curve)
+        metrics["low_budget_loss_before_recovery"] = _low(curve, "loss_before_recovery")
+        metrics["dense_loss"] = dense["salaad" if arm == "salaad" and method_as == "salaad" else "vanilla"]
         arms[arm] = metrics
-    margins = {b: arms[b]["low_budget_loss"] - arms["salaad"]["low_budget_loss"] for b in POST_HOC}
-    stats = hook.stats()
+    low = {b: arms[b]["low_budget_loss"] - arms["salaad"]["low_budget_loss"] for b in POST_HOC}
+    high = {b: arms[b]["high_budget_loss"] - arms["salaad"]["high_budget_loss"] for b in POST_HOC}
+    before = {b: arms[b]["low_budget_loss_before_recovery"] - arms["salaad"]["low_budget_loss_before_recovery"]
+              for b in POST_HOC}
+    # Budgets at which SALAAD is behind the best post-hoc baseline (after recovery).
+    budgets = sorted(curves["salaad"])
+    behind = [f for f in budgets if curves["salaad"][f]["loss"] > min(curves[b][f]["loss"] for b in POST_HOC)]
+    stats = data["stats"]
     statistics = {
-        "low_budget_margin": min(margins.values()),
-        **{f"margin_vs_{b}": v for b, v in margins.items()},
+        "low_budget_margin": min(low.values()), "high_budget_margin": min(high.values()),
+        **{f"margin_vs_{b}": v for b, v in low.items()}, **{f"high_margin_vs_{b}": v for b, v in high.items()},
+        "low_budget_margin_before_recovery": min(before.values()),
+        "lowest_budget_salaad_behind": min(behind) if behind else math.inf,
         "coupling_gain": arms["salaad_uncoupled"]["low_budget_loss"] - arms["salaad"]["low_budget_loss"],
         "dense_gap_salaad_minus_vanilla": dense["salaad"] - dense["vanilla"],
         "salaad_rank_ratio": sum(s["rank_ratio"] for s in stats.values()) / len(stats),
         "salaad_density": sum(s["density"] for s in stats.values()) / len(stats),
         "salaad_residual": sum(s["residual"] for s in stats.values()) / len(stats),
     }
-    n_dense = sum(p.numel() for p in model.parameters())
-    by_fraction = {arm: [[p / n_dense, loss] for _, (loss, p) in sorted(curve.items())]
+    checks = {"recovery_reconstruction": max(r["reconstruction_error"] for c in curves.values() for r in c.values()),
+              "salaad_rank_ratio": statistics["salaad_rank_ratio"]}
+    n_dense = data["n_dense"]
+    by_fraction = {arm: [[r["params"] / n_dense, r["loss"]] for _, r in sorted(curve.items())]
                    for arm, curve in curves.items()}
     by_fraction["dense"] = [[1.0, dense["vanilla"]], [1.0, dense["salaad"]]]
-    return {"arms": arms, "statistics": statistics, "curves": by_fraction}
+    return {"arms": arms, "statistics": statistics, "curves": by_fraction, "checks": checks}
 
 
 def plot_budget_curves(result: dict, ax) -> None:
@@ -230,35 +314,50 @@ def _tier(steps: int, **kw: Any) -> dict:
            "steps": steps, "warmup_steps": max(steps // 10, 1), "lr": 8e-3, "num_freq": 2,
            "val_batch_size": 32, "n_val_batches": 8, "log_every": max(steps // 20, 1),
            "budgets": [round(0.1 * i, 1) for i in range(1, 11)],
-           "grids": {"salaad": [1e3, 1e4, 1e5], "svd": ["uniform", "global", "energy"],
-                     "magnitude": ["uniform", "global", "normalized"], "rpca": [0.5, 1.0, 2.0]}}
+           "recovery_steps": 40, "recovery_lr": 1e-3,
+           "grids": {"salaad": 1e4, "rpca": 1.0, "svd": ["uniform", "global", "energy"],
+                     "magnitude": ["uniform", "global", "normalized"]}}
     cfg.update(kw)
     return cfg
 
+
+CHECKS = (
+    MechanismCheck("recovery_reconstruction", "<=", 1e-4,
+                   "the structured re-parametrization used for recovery reproduces every compressed weight "
+                   "(relative error <= 1e-4), so recovery keeps each arm's rank, support and parameter count"),
+    MechanismCheck("salaad_rank_ratio", "<=", 0.25,
+                   "the coupled ADMM drove SALAAD's L to a low rank (mean rank ratio <= 0.25; target 0.15)"),
+)
+TIERS = {
+    "smoke": _tier(16, d_model=32, batch_size=4, seq_len=32, n_val_batches=1, val_batch_size=8,
+                   budgets=[0.1, 0.3, 0.6, 1.0], recovery_steps=2),
+    "quick": _tier(400),
+    "full": _tier(6000, d_model=128, n_layers=4, seq_len=128, batch_size=32, recovery_steps=200,
+                  grids={"salaad": 1e3, "rpca": 1.0, "svd": ["uniform", "global", "energy"],
+                         "magnitude": ["uniform", "global", "normalized"]}),
+}
+ARMS = ("salaad", "svd", "magnitude", "rpca", "salaad_uncoupled")
+_NOTES = ("Byte-level TinyLM trained from scratch on Python stdlib source; every 2-D weight (tied embedding, "
+          "attention and MLP projections) is a SALAAD block. Every arm gets the same structure-keeping recovery "
+          "fine-tuning after compression (quick: 40 AdamW steps at lr 1e-3). The paper pretrains LLaMA 60M-1B on C4. "
+          "The rho grid is scaled up from the official 1e-6 because the dual variable must build up within a few "
+          "hundred ADMM updates (quick) instead of tens of thousands.")
 
 SPECS = [
     ExperimentSpec(
         id="budget_curve", room="salaad", claim=CLAIM,
         paper_ref="arXiv 2602.00942, abstract and official README (HPA deployment)",
-        metric="validation loss (nats/byte) of the compressed model at parameter budgets 10%..100%; claim statistic "
-               "on budgets <= 30%",
-        arms=("salaad", "svd", "magnitude", "rpca", "salaad_uncoupled"), baseline="svd", comparator=COMPARATOR,
-        run=run_seed, prepare=tune, plot=plot_budget_curves,
-        tiers={
-            "smoke": _tier(16, d_model=32, batch_size=4, seq_len=32, n_val_batches=1, val_batch_size=8,
-                           budgets=[0.1, 0.3, 1.0],
-                           grids={"salaad": [1e4], "svd": ["uniform"], "magnitude": ["uniform"], "rpca": [1.0]}),
-            "quick": _tier(400),
-            "full": _tier(6000, d_model=128, n_layers=4, seq_len=128, batch_size=32,
-                          grids={"salaad": [1e2, 1e3, 1e4], "svd": ["uniform", "global", "energy"],
-                                 "magnitude": ["uniform", "global", "normalized"], "rpca": [0.5, 1.0, 2.0]}),
-        },
-        seeds={"smoke": 1, "quick": 3, "full": 3},
-        notes="Byte-level TinyLM trained from scratch on Python stdlib source; every 2-D weight (tied embedding, "
-              "attention and MLP projections) is a SALAAD block. The paper pretrains LLaMA 60M-1B on C4 for tens of "
-              "thousands of steps; at this scale the density controller does not reach its 5% target within the run "
-              "(see statistics salaad_density and salaad_residual). The rho grid is scaled up from the official 1e-6 "
-              "because the dual variable must build up within a few hundred ADMM updates (quick) instead of tens of "
-              "thousands.",
+        metric="validation loss (nats/byte) after compression and recovery fine-tuning at budgets 10%..100%; claim "
+               "statistic on budgets <= 30%",
+        arms=ARMS, baseline="svd", comparator=COMPARATOR, run=run_seed, prepare=tune, plot=plot_budget_curves,
+        tiers=TIERS, seeds={"smoke": 1, "quick": 3, "full": 3}, checks=CHECKS, null_value=0.0, notes=_NOTES,
+    ),
+    ExperimentSpec(
+        id="high_budget", room="salaad", claim=CLAIM + " (at the large budgets of the range, >= 50%)",
+        paper_ref="arXiv 2602.00942, abstract ('a continuous range of budgets')",
+        metric="min over post-hoc baselines of their mean loss over budgets 50%..100% minus SALAAD's, after recovery "
+               "(same runs as budget_curve)",
+        arms=ARMS, baseline="svd", comparator=HIGH_COMPARATOR, run=run_seed, prepare=tune, plot=plot_budget_curves,
+        tiers=TIERS, seeds={"smoke": 1, "quick": 3, "full": 3}, checks=CHECKS, null_value=0.0, notes=_NOTES,
     ),
 ]
