@@ -338,3 +338,29 @@ def test_specs_share_tier_configs_and_keep_budgets_equal():
     for planned in (101, 94):
         with pytest.raises(RuntimeError, match="equal budget"):
             _check_equal_budgets({"unweighted": {"trainable_params": planned}, "uniform": {"trainable_params": 100}})
+
+
+@pytest.mark.parametrize("claim", ["vs_uniform", "vs_unweighted", "transfer"])
+def test_null_arm_plan_switched_back_to_its_baseline_fails_the_comparator(claim):
+    """The CSPLoRA plan replaced by its baseline's plan (same rate, same seed): every gain is exactly 0, which the
+    comparator rejects. The SmolLM2 specs share these comparators and null values."""
+    from icml26.methods.csplora.experiments import _NULL_PLAN, ARMS, SPECS, run_claim
+
+    spec = next(s for s in SPECS if s.id == f"mnist_{claim}")
+    config = dict(spec.tiers["smoke"], as_baseline=_NULL_PLAN[claim])
+    prepared = {"tuning": {"planner": {"chosen": {"csplora": "numel"}}, "lr": {"chosen": dict.fromkeys(ARMS, 3e-3)}}}
+    value = run_claim(claim, spec.arms)(config, 0, prepared)["statistics"][spec.comparator.statistic]
+    assert value == pytest.approx(spec.null_value)
+    assert not spec.comparator.holds(value)
+    twin = next(s for s in SPECS if s.id == f"smollm2_{claim}")
+    assert twin.comparator == spec.comparator and twin.null_value == spec.null_value
+
+
+def test_mnist_claims_run_at_smoke_tier_with_checks(tmp_path):
+    from icml26.harness.runner import run_spec
+    from icml26.methods.csplora.experiments import SPECS
+
+    result = run_spec(SPECS[1], "smoke", tmp_path)
+    assert result["status"] == "complete" and result["verdict"] == "inconclusive"
+    names = {c["name"] for c in result["mechanism_checks"]}
+    assert names >= {"rank_distance_vs_unweighted", "uniform_gain_over_frozen", "tuned_inside_grid"}

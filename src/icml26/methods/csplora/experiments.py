@@ -9,8 +9,10 @@ Protocol (the same for both tasks):
 2. One probe pass per seed on that seed's training data gives the per-sample module scores. The CSPLoRA plan
    (focal weights) and the unweighted plan are both derived from it, so they differ only in the weights.
    The plan is made once, without a budget, and deployed at mean rank r (main), r_low, r_high, and with DoRA.
-3. Equal tuning budget: on a separate tuning seed, each arm trains once per point of one shared learning-rate
-   grid and keeps the rate with the best validation accuracy (``prepare``).
+3. Tuning (``harness.tuning.tune_per_arm``, tuning seed 1000, never reported): first the reconstructed size
+   normalisation of the importance (``none`` / ``sqrt`` / ``numel``, a 3-option ``ListGrid``) is chosen by the
+   CSPLoRA arm's validation accuracy at the natural rate; then every arm gets its own 3-point log grid of the
+   rate (factor 3) around the natural rate, with edge extension, scored by validation accuracy.
 4. Per evaluation seed, every arm trains for the same steps on the same batch sequence; the metric is test
    accuracy at the end (no checkpoint selection).
 
@@ -19,8 +21,10 @@ Claim statistics (percentage points of test accuracy, per seed), each judged by 
 - ``gain_vs_unweighted`` = acc(csplora) - acc(unweighted) at mean rank r;
 - ``transfer_gain`` = mean over (r_low, r_high, DoRA at r) of acc(csplora_x) - acc(uniform_x).
 
-The three specs of a task share their tier configs, so one process computes each seed once and the specs
-read the same numbers (the ``_SEED_RESULTS`` and ``_TUNED`` caches).
+Mechanism checks (every seed): the compared plans deploy different ranks (else the statistic is 0 by
+construction: not testable), and uniform LoRA learns the task. The three specs of a task share their tier
+configs, so one process computes each seed once and the specs read the same numbers (the ``_SEED_RESULTS`` and
+``_TUNED`` caches).
 """
 
 from __future__ import annotations
@@ -43,12 +47,12 @@ from ...core.assets import cache_dir, require
 from ...core.logging import log_metrics
 from ...core.progress import progress
 from ...core.seeding import seed_everything
-from ...harness.spec import Comparator, ExperimentSpec
+from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
+from ...harness.tuning import ListGrid, LogGrid, tune_per_arm
 from .config import CSPLoRAConfig
 from .plan import RankPlan, check_ranks
 from .planner import CSPLoRAPlanner, ProbeOutput, classification_probe
 
-TUNING_SEED = 10_000
 CLAIM = ("CSPLoRA improves over uniform LoRA at comparable parameters (+1.25 points on LLaMA-2-7B commonsense "
          "reasoning), and its plan transfers across rank budgets and LoRA backends ('probe once, deploy everywhere')")
 PAPER_REF = "ICML 2026 poster 63489 (PMLR v306, ding26h), abstract"
@@ -305,8 +309,13 @@ TASKS: dict[str, Callable[[Mapping[str, Any], int], Task]] = {
 
 
 # -- plans and arms -------------------------------------------------------------------------------------------
-def make_plans(task: Task, config: Mapping[str, Any]) -> tuple[dict[str, RankPlan], float]:
-    """The three plans of a seed from one probe pass: csplora, unweighted (same scores, w = 1) and uniform."""
+def make_plans(task: Task, config: Mapping[str, Any], size_norm: str | None = None
+               ) -> tuple[dict[str, RankPlan], float]:
+    """The three plans of a seed from one probe pass: csplora, unweighted (same scores, w = 1) and uniform.
+    ``size_norm`` overrides the planner's size normalisation (the tuned option) for both probe-based plans;
+    ``config["as_baseline"]`` (tests only) replaces a plan by its baseline's, e.g. {"csplora": "uniform"}."""
+    if size_norm is not None:
+        config = {**config, "planner": {**config["planner"], "size_norm": size_norm}}
     csp = CSPLoRAConfig(**config["planner"])
     model = task.make_model()
     start = time.perf_counter()
@@ -319,6 +328,8 @@ def make_plans(task: Task, config: Mapping[str, Any]) -> tuple[dict[str, RankPla
     seconds = time.perf_counter() - start
     plans["uniform"] = RankPlan.uniform(scores.shapes, r_min=csp.r_min, r_max=csp.r_max,
                                         alpha_mode=csp.alpha_mode, alpha_ratio=csp.alpha_ratio)
+    for name, baseline in config.get("as_baseline", {}).items():
+        plans[name] = plans[baseline]
     return plans, seconds
 
 
@@ -401,34 +412,48 @@ _SEED_RESULTS: dict[str, dict] = {}
 
 
 def tune_learning_rates(config: Mapping[str, Any]) -> dict:
-    """One grid for every arm on the tuning seed; each arm keeps the rate with the best validation accuracy."""
+    """The harness tuning rule (memoised per config, shared by the task's specs): the size-normalisation option,
+    then every arm's rate on its own grid; both scored by validation accuracy on the tuning seed."""
     key = _key(config)
-    if key in _TUNED:
-        return _TUNED[key]
-    arms = list(config["arms"])
-    grid = list(config["lr_grid"])
-    if len(grid) == 1:  # nothing to choose: every arm gets the single rate, no tuning run is needed
-        result = {"lr": dict.fromkeys(arms, float(grid[0])), "grid_scores": {}, "tuning_seed": TUNING_SEED,
-                  "lr_on_grid_edge": []}
-    else:
+    if key not in _TUNED:
         with _threads(config["threads"]):
-            result = _tune(config, arms, grid)
-    _TUNED[key] = result
-    return result
+            _TUNED[key] = _tune(config)
+    return _TUNED[key]
 
 
-def _tune(config: Mapping[str, Any], arms: list[str], grid: list[float]) -> dict:
-    """Every (arm, rate) pair trains the full budget once on the tuning seed; the best validation accuracy wins
-    (ties go to the smaller rate)."""
-    task = TASKS[config["task"]](config, TUNING_SEED)
-    plans, _ = make_plans(task, config)
-    scores: dict[str, dict[str, float]] = {}
-    for arm, lr in progress([(a, lr) for a in arms for lr in grid], desc=f"lr grid [{config['task']}]"):
-        scores.setdefault(arm, {})[repr(lr)] = train_arm(arm, task, plans, config, TUNING_SEED, lr)["val_acc"]
-    chosen = {arm: float(max(grid, key=lambda lr: (table[repr(lr)], -lr))) for arm, table in scores.items()}
-    # A rate on the grid's edge means the arm may be under-tuned; the flag goes into the result file.
-    edge = [arm for arm, lr in chosen.items() if len(grid) > 2 and lr in (grid[0], grid[-1])]
-    return {"lr": chosen, "grid_scores": scores, "tuning_seed": TUNING_SEED, "lr_on_grid_edge": edge}
+def _tune(config: Mapping[str, Any]) -> dict:
+    """Option first (CSPLoRA arm at its natural rate, 3 options: the baselines' grid size), then per-arm rates."""
+    tasks: dict[int, Task] = {}
+    plans: dict[tuple, dict] = {}
+
+    def plans_for(option: str, seed: int) -> tuple[Task, dict]:
+        if seed not in tasks:
+            tasks[seed] = TASKS[config["task"]](config, seed)
+        if (option, seed) not in plans:
+            plans[option, seed] = make_plans(tasks[seed], config, option)[0]
+        return tasks[seed], plans[option, seed]
+
+    def option_score(arm: str, option: str, seed: int) -> float:
+        task, p = plans_for(option, seed)
+        return train_arm(arm, task, p, config, seed, config["lr_centers"][arm])["val_acc"]
+
+    planner = tune_per_arm({"csplora": ListGrid(tuple(config["size_norm_options"]))}, option_score, mode="max",
+                           desc=f"planner options [{config['task']}]")
+    option = planner["chosen"]["csplora"]
+
+    def lr_score(arm: str, lr: float, seed: int) -> float:
+        task, p = plans_for(option, seed)
+        return train_arm(arm, task, p, config, seed, lr)["val_acc"]
+
+    grids = {arm: LogGrid(center=config["lr_centers"][arm], factor=3.0, size=config["grid_size"])
+             for arm in config["arms"]}
+    lr = tune_per_arm(grids, lr_score, mode="max", desc=f"lr grid [{config['task']}]")
+    return {"tuning": {"planner": planner, "lr": lr}}
+
+
+def _rank_distance(a: Mapping[str, int], b: Mapping[str, int]) -> float:
+    """Sum over modules of |r_a - r_b|: 0 when two arms deploy the same ranks."""
+    return float(sum(abs(a[m] - b[m]) for m in a))
 
 
 def _seed_results(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any]) -> dict:
@@ -438,8 +463,10 @@ def _seed_results(config: Mapping[str, Any], seed: int, prepared: Mapping[str, A
         return _SEED_RESULTS[key]
     with _threads(config["threads"]):
         task = TASKS[config["task"]](config, seed)
-        plans, plan_seconds = make_plans(task, config)
-        runs = {arm: train_arm(arm, task, plans, config, seed, prepared["lr"][arm]) for arm in config["arms"]}
+        plans, plan_seconds = make_plans(task, config, prepared["tuning"]["planner"]["chosen"]["csplora"])
+        lrs = prepared["tuning"]["lr"]["chosen"]
+        runs = {arm: train_arm(arm, task, plans, config, seed, lrs[arm]) for arm in config["arms"]}
+        frozen = task.evaluate(task.make_model(), "test")
     _check_equal_budgets(runs)
     arms = {arm: {k: v for k, v in run.items() if k not in ("ranks", "curve")} for arm, run in runs.items()}
     for arm, metrics in arms.items():
@@ -456,10 +483,21 @@ def _seed_results(config: Mapping[str, Any], seed: int, prepared: Mapping[str, A
         "transfer_gain": sum(pair_gains) / len(pair_gains), "gain_low": pair_gains[0], "gain_high": pair_gains[1],
         "gain_dora": pair_gains[2], "plan_seconds": plan_seconds,
         "plan_over_train": plan_seconds / runs["csplora"]["train_seconds"] if "csplora" in runs else math.nan,
-        "mean_probe_confidence": plans["csplora"].metadata["mean_confidence"],
-        "weight_effective_sample_size": plans["csplora"].metadata["weight_effective_sample_size"],
+        "mean_probe_confidence": plans["csplora"].metadata.get("mean_confidence", math.nan),
+        "weight_effective_sample_size": plans["csplora"].metadata.get("weight_effective_sample_size", math.nan),
     }
-    out = {"arms": arms, "statistics": statistics,
+    ranks = {arm: run["ranks"] for arm, run in runs.items()}
+    checks = {
+        "uniform_gain_over_frozen": 100.0 * (runs["uniform"]["test_acc"] - frozen["acc"]) if "uniform" in runs
+        else math.nan,
+        "rank_distance_vs_uniform": _rank_distance(ranks["csplora"], ranks["uniform"])
+        if "uniform" in ranks and "csplora" in ranks else math.nan,
+        "rank_distance_vs_unweighted": _rank_distance(ranks["csplora"], ranks["unweighted"])
+        if "unweighted" in ranks and "csplora" in ranks else math.nan,
+        "rank_distance_transfer_min": min((_rank_distance(ranks[a], ranks[b]) for a, b in TRANSFER_PAIRS
+                                           if a in ranks and b in ranks), default=math.nan),
+    }
+    out = {"arms": arms, "statistics": statistics, "checks": checks,
            "curves": {arm: run["curve"] for arm, run in runs.items()},
            "ranks": {arm: run["ranks"] for arm, run in runs.items()},
            "plans": {name: plans[name].proportions for name in ("csplora", "unweighted")}}
@@ -473,6 +511,7 @@ def run_claim(claim: str, arms: tuple[str, ...]) -> Callable[[Mapping[str, Any],
         res = _seed_results(config, seed, prepared)
         keep = [a for a in arms if a in res["arms"]]
         return {"arms": {a: res["arms"][a] for a in keep}, "statistics": dict(res["statistics"]),
+                "checks": {c.name: res["checks"][c.name] for c in _CHECKS[claim]},
                 "curves": {a: res["curves"][a] for a in keep}, "ranks": {a: res["ranks"][a] for a in keep},
                 "plans": res["plans"]}
     run.__name__ = f"run_{claim}"
@@ -495,6 +534,8 @@ def plot_accuracy(result: dict, ax) -> None:
 
 
 # -- tiers ----------------------------------------------------------------------------------------------------
+_SIZE_NORMS = ("none", "sqrt", "numel")
+"""Options for the reconstructed size normalisation of module importance (the abstract fixes none of them)."""
 _PLANNER = {"weighting": "focal", "gamma": 1.0, "importance": "fisher", "size_norm": "numel", "kappa": 1.0,
             "r_min": 1, "r_max": None, "alpha_mode": "proportional", "alpha_ratio": 2.0}
 
@@ -502,7 +543,8 @@ _PLANNER = {"weighting": "focal", "gamma": 1.0, "importance": "fisher", "size_no
 def _mnist_tier(**kw: Any) -> dict:
     base = {"task": "rotated_mnist", "hidden": 128, "depth": 4, "n_pretrain": 2500, "pretrain_epochs": 10,
             "angle": 45.0, "n_train": 600, "n_val": 400, "n_test": 1500, "n_probe": 256, "batch_size": 64,
-            "steps": 200, "mean_rank": 4, "low_rank": 2, "high_rank": 8, "lr_grid": [1e-3, 3e-3, 1e-2],
+            "steps": 200, "mean_rank": 4, "low_rank": 2, "high_rank": 8,
+            "lr_centers": dict.fromkeys(ARMS, 1e-2), "grid_size": 3, "size_norm_options": list(_SIZE_NORMS),
             "arms": list(ARMS), "planner": dict(_PLANNER), "threads": 1}
     return {**base, **kw}
 
@@ -510,20 +552,22 @@ def _mnist_tier(**kw: Any) -> dict:
 def _smollm2_tier(**kw: Any) -> dict:
     base = {"task": "smollm2_genre", "n_train": 1000, "n_val": 128, "n_test": 256, "n_probe": 128, "n_chars": 300,
             "batch_size": 8, "steps": 300, "mean_rank": 8, "low_rank": 4, "high_rank": 16,
-            "lr_grid": [1e-4, 3e-4, 1e-3], "arms": list(ARMS), "planner": dict(_PLANNER), "threads": None,
+            "lr_centers": dict.fromkeys(ARMS, 3e-4), "grid_size": 3, "size_norm_options": list(_SIZE_NORMS),
+            "arms": list(ARMS), "planner": dict(_PLANNER), "threads": None,
             "backbone": "smollm2"}
     return {**base, **kw}
 
 
 _MNIST_TIERS = {
     "smoke": _mnist_tier(n_pretrain=500, pretrain_epochs=1, n_train=64, n_val=32, n_test=64, n_probe=32, steps=5,
-                         lr_grid=[3e-3]),
+                         grid_size=1, size_norm_options=["numel"]),
     "quick": _mnist_tier(),
-    "full": _mnist_tier(n_train=1000, n_test=1500, steps=1000, lr_grid=[3e-4, 1e-3, 3e-3, 1e-2, 3e-2]),
+    "full": _mnist_tier(n_train=1000, n_test=1500, steps=1000),
 }
 _SMOLLM2_TIERS = {
     "smoke": _smollm2_tier(n_train=4, n_val=2, n_test=2, n_probe=2, n_chars=60, batch_size=2, steps=1,
-                           lr_grid=[1e-4], arms=["csplora", "uniform", "unweighted", "uniform_low"],
+                           grid_size=1, size_norm_options=["numel"],
+                           arms=["csplora", "uniform", "unweighted", "uniform_low"],
                            backbone="tiny_random_llama", threads=1),
     "full": _smollm2_tier(),
 }
@@ -540,6 +584,22 @@ _METRIC = {
 }
 
 
+_LEARNS = MechanismCheck("uniform_gain_over_frozen", ">=", 5.0, "the task is learnable: uniform LoRA gains at least "
+                         "5 points of test accuracy over the frozen base model")
+_CHECKS = {
+    "vs_uniform": (MechanismCheck("rank_distance_vs_uniform", ">=", 1.0, "the plan acted: CSPLoRA's ranks differ "
+                                  "from uniform LoRA's on at least one module"), _LEARNS),
+    "vs_unweighted": (MechanismCheck("rank_distance_vs_unweighted", ">=", 1.0, "the weighting acted: the weighted and "
+                                     "unweighted plans deploy different ranks (else the gain is 0 by construction: "
+                                     "not testable here)"), _LEARNS),
+    "transfer": (MechanismCheck("rank_distance_transfer_min", ">=", 1.0, "the plan acted at every reused budget and "
+                                "backend: its ranks differ from uniform's in each pair"), _LEARNS),
+}
+_NULL_PLAN = {"vs_uniform": {"csplora": "uniform"}, "vs_unweighted": {"csplora": "unweighted"},
+              "transfer": {"csplora": "uniform"}}
+"""The null arm of each claim (tests): the method's plan replaced by its baseline's."""
+
+
 def _specs(prefix: str, tiers: dict, seeds: dict, notes: str) -> list[ExperimentSpec]:
     """One spec per claim; all share ``tiers`` (the same dicts), so a process computes each seed once."""
     out = []
@@ -547,12 +607,13 @@ def _specs(prefix: str, tiers: dict, seeds: dict, notes: str) -> list[Experiment
         out.append(ExperimentSpec(
             id=f"{prefix}_{claim}", room="csplora", claim=CLAIM, paper_ref=PAPER_REF, metric=_METRIC[claim],
             arms=arms, baseline=_BASELINE[claim], comparator=COMPARATORS[claim], run=run_claim(claim, arms),
-            prepare=tune_learning_rates, plot=plot_accuracy, tiers=tiers, seeds=seeds, notes=notes))
+            prepare=tune_learning_rates, plot=plot_accuracy, tiers=tiers, seeds=seeds, notes=notes,
+            checks=_CHECKS[claim], null_value=0.0))
     return out
 
 
 SPECS = (
-    _specs("mnist", _MNIST_TIERS, {"smoke": 1, "quick": 3, "full": 5},
+    _specs("mnist", _MNIST_TIERS, {"smoke": 1, "quick": 5, "full": 5},
            "A 4-hidden-layer ReLU MLP (784-128-128-128-128-10, 0.15M weights) pretrained on 2,500 upright MNIST "
            "digits, LoRA-tuned on 600 digits rotated by 45 degrees (its accuracy there drops from 92% to ~35%); "
            "LoRA on all 5 Linear layers, mean ranks 4 (main), 2 and 8. The paper uses 7B LLMs on GLUE, "
