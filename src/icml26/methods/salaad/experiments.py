@@ -105,6 +105,21 @@ def train(config: Mapping[str, Any], seed: int, *, coupled: bool, rho_scale: flo
     return _TRAINED[key]
 
 
+def _one_thread(fn):
+    """Run ``fn`` with one torch thread: tiny matrices, and on a shared machine OpenMP threads mostly wait."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return wrapped
+
+
 def _train(config: Mapping[str, Any], seed: int, *, coupled: bool, rho_scale: float) -> tuple[nn.Module, SALAAD]:
     from ...data.text import load_corpus, sample_batch
     from ...models.tiny_lm import TinyLM
@@ -199,6 +214,7 @@ def _grids(config: Mapping[str, Any]) -> dict:
             "svd": ListGrid(tuple(g["svd"])), "magnitude": ListGrid(tuple(g["magnitude"]))}
 
 
+@_one_thread
 def tune(config: Mapping[str, Any]) -> dict:
     """Equal budget per arm (3 settings, LogGrids extended at an edge) on tuning seed 1000; score = mean loss after
     recovery over budgets <= 30% (the claim's own metric)."""
@@ -244,6 +260,7 @@ def seed_curves(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any
     return out
 
 
+@_one_thread
 def run_seed(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any], method_as: str = "salaad") -> dict:
     """Every arm at every budget after recovery; both margins. ``method_as="svd"`` is the null arm: the SALAAD
     slot holds the SVD arm's curve (the method switched back to a baseline)."""
