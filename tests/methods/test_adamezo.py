@@ -226,12 +226,15 @@ def test_normalisation_gain_is_one_for_plain_mezo_steps_and_large_for_normalised
     assert normalisation_gain([1e-3] * 200, proj, 0) == pytest.approx(0.99 ** -160, rel=0.05)  # constant step
 
 
-@pytest.mark.parametrize("spec_index", [0, 1])
-def test_null_arm_adamezo_switched_back_to_mezo_fails_the_comparator(spec_index):
-    """The method as its baseline (window 0 = MeZO, at MeZO's rate): the statistic is exactly 0, rejected."""
+def test_null_arm_adamezo_switched_back_to_mezo_fails_the_comparator():
+    """The method as its baseline (window 0 = MeZO, at MeZO's rate): the statistic is exactly 0, rejected. The LM
+    specs run the same ``run_seed`` with the same comparator and null value (their smoke tiers pretrain an LM,
+    minutes on a loaded machine, so the null arm runs on the digits task)."""
     from icml26.methods.adamezo.experiments import SPECS, run_seed
 
-    spec = SPECS[spec_index]
+    spec = SPECS[0]
+    assert all(s.comparator == spec.comparator and s.null_value == spec.null_value and s.run is run_seed
+               for s in SPECS)
     config = dict(spec.tiers["smoke"], window=0, norm_cache_ablation=False)
     lr = spec.tiers["smoke"]["lr_centers"]["mezo"]
     res = run_seed(config, 0, {"tuning": {"chosen": {"adamezo": lr, "mezo": lr}}})
