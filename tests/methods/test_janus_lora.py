@@ -260,3 +260,20 @@ def test_tuning_gives_every_arm_the_same_budget():
     quick = SPECS[0].tiers["quick"]
     assert quick["lr_grid_size"] == len(quick["dml_grid"]) == 3
     assert SPECS[0].seeds["quick"] == SPECS[1].seeds["quick"] == 5
+
+
+def test_gr_at_task_start_keeps_the_plain_step_when_a_is_in_the_complement():
+    """B = 0 and A drawn in the complement of V (float32, so AV is rounding noise): the constraint is vacuous and GR
+    must return the plain step. A cut-off relative to the noise's own eigenvalues used to force dB = 0 here, which
+    froze every later task's adapter at B = 0."""
+    from icml26.methods.janus_lora.adapter import project_off, rectify_min_norm
+
+    g = torch.Generator().manual_seed(3)
+    V, _ = torch.linalg.qr(torch.randn(24, 9, generator=g, dtype=torch.float64))
+    A = project_off(torch.randn(4, 24, generator=g), V).float()
+    B = torch.zeros(7, 4)
+    dA0, dB0 = torch.randn(4, 24, generator=g), torch.randn(7, 4, generator=g)
+    dA, dB = rectify_min_norm(A, B, V, dA0, dB0)
+    torch.testing.assert_close(dB, dB0, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dA, dA0, rtol=1e-5, atol=1e-6)
+    assert float(((B @ dA + dB @ A).double() @ V).abs().max()) < 1e-5

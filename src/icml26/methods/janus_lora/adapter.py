@@ -92,8 +92,11 @@ def rectify_min_norm(A: torch.Tensor, B: torch.Tensor, V: torch.Tensor, dA: torc
     m, U = torch.linalg.eigh(B64 @ B64.T)                 # d_out eigenpairs of B B^T
     n, Q = torch.linalg.eigh(AV.T @ AV)                   # k eigenpairs of (AV)^T AV
     denom = m.clamp_min(0)[:, None] + n.clamp_min(0)[None, :]
-    scale = float(denom.max()) if denom.numel() else 0.0
-    if scale == 0.0:
+    # The cut-off is relative to the factors' own scale, not to the largest eigenvalue sum: at a task start B = 0 and
+    # A is drawn in the complement of V, so AV is rounding noise (~1e-8 |A|) whose tiny eigenvalues would otherwise
+    # count as a real constraint dB (AV) = 0 and force dB = 0 (the adapter could never leave B = 0).
+    scale = max(float((B64 * B64).sum()), float((A64 * A64).sum()))
+    if scale == 0.0 or not denom.numel():
         return dA, dB
     keep = denom > rcond * scale
     inv = torch.where(keep, 1.0 / torch.where(keep, denom, torch.ones_like(denom)), torch.zeros_like(denom))
