@@ -313,3 +313,18 @@ def test_claims_run_at_smoke_and_null_arm_fails_comparator(tmp_path):
     assert null == 0.0 and not spec.comparator.holds(null)
     for s in ex.SPECS:
         assert not s.comparator.holds(s.null_value)
+
+
+# ---------------------------------------------------------------- PromptFL baseline
+def test_promptfl_context_starts_at_the_zero_shot_prompt_and_trains(encoder, task):
+    from icml26.methods.feddtl.baselines import (class_names, initial_context, prompt_text_embeddings,
+                                                 run_promptfl)
+    names = class_names(task.prompts)
+    with torch.no_grad():
+        e0 = prompt_text_embeddings(encoder, initial_context(encoder), names)
+        assert torch.allclose(e0, encoder.encode_text(task.prompts), atol=1e-5)
+    out = run_promptfl(encoder, task, small_cfg(lr=1e-2), seed=0)
+    assert not torch.allclose(out["ctx"], initial_context(encoder))
+    assert 0.0 <= out["final"]["hm"] <= 1.0
+    with pytest.raises(ValueError, match="photo"):
+        class_names(["the digit one"])

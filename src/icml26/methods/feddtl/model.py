@@ -122,8 +122,12 @@ class TextTower(nn.Module):
         self.head = nn.Linear(cfg.width, cfg.embed_dim, bias=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.tok(ids) + self.pos[:, : ids.shape[1]]
-        pad = ids == PAD
+        return self.forward_embedded(self.tok(ids), ids == PAD)
+
+    def forward_embedded(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """Token embeddings ``x`` (n, L, width) with padding mask ``pad`` (n, L) -> ``(n, embed_dim)`` (used by
+        prompt learning, whose context vectors are not words)."""
+        x = x + self.pos[:, : x.shape[1]]
         for block in self.blocks:
             x = block(x, pad)
         return self.head(self.ln(x[:, 0]))
