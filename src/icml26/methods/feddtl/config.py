@@ -79,7 +79,8 @@ class FedDTLConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"FedDTLConfig.{name} must be a positive int, got {value!r}")
         if not isinstance(self.sft_rounds, int) or not 0 <= self.sft_rounds <= self.rounds:
-            raise ValueError(f"FedDTLConfig.sft_rounds must be an int in [0, rounds={self.rounds}], got {self.sft_rounds!r}")
+            raise ValueError(f"FedDTLConfig.sft_rounds must be an int in [0, rounds={self.rounds}], "
+                             f"got {self.sft_rounds!r}")
         if not isinstance(self.upload_per_class, int) or self.upload_per_class < 0:
             raise ValueError(f"FedDTLConfig.upload_per_class must be an int >= 0, got {self.upload_per_class!r}")
         for name in ("lr", "server_lr", "lora_alpha"):

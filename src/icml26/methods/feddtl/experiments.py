@@ -194,7 +194,8 @@ SPECS = [
     ExperimentSpec(
         id="novel_gain", room=ROOM,
         claim="FedDTL beats FedLoRA on novel-class accuracy (classes never seen in federated training).",
-        paper_ref="arXiv 2605.27900, ablation table (7-dataset mean, Full Non-IID): FedLoRA 70.51 vs FedDTL 80.62 novel",
+        paper_ref="arXiv 2605.27900, ablation table (7-dataset mean, Full Non-IID): FedLoRA 70.51 vs FedDTL 80.62 "
+                  "novel",
         metric="test accuracy on novel classes (among novel prompts), FedDTL minus FedLoRA, paired per seed",
         arms=ARMS, baseline="fedlora",
         comparator=Comparator("novel_gain", ">=", 0.01, "novel acc(feddtl) - novel acc(fedlora) >= 0.01"),

@@ -23,7 +23,7 @@ from ...core.assets import cache_dir
 from ...core.io import cached_tensors
 from ...core.progress import progress
 from .config import EncoderConfig
-from .data import all_prompts, compositional_classes, mnist_images, render_compositional, vocabulary
+from .data import all_prompts, mnist_images, render_compositional, vocabulary
 
 PAD, CLS = 0, 1
 
@@ -287,4 +287,3 @@ if __name__ == "__main__":  # documented build command
     from .data import digit_prompt, sklearn_digits_images
     dx, dy = sklearn_digits_images()
     print(f"zero-shot sklearn digits: {zero_shot_accuracy(model, dx, dy, [digit_prompt(d) for d in range(10)]):.3f}")
-    _ = compositional_classes

@@ -19,7 +19,6 @@ The Flower layer (flower.py) calls exactly these functions, so the two paths are
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -96,7 +95,8 @@ class ClientResult:
 
 
 def rl_loss(logits: torch.Tensor, z: torch.Tensor, text_emb: torch.Tensor, scale: torch.Tensor, y: torch.Tensor,
-            old_logp: torch.Tensor, ref_logp: torch.Tensor, cfg: FedDTLConfig, g: torch.Generator) -> tuple[torch.Tensor, dict]:
+            old_logp: torch.Tensor, ref_logp: torch.Tensor, cfg: FedDTLConfig,
+            g: torch.Generator) -> tuple[torch.Tensor, dict]:
     """The RL-stage loss on one batch (paper §2.2, RL stage).
 
     Args:
@@ -170,7 +170,8 @@ def client_update(model: DualEncoder, x: torch.Tensor, y: torch.Tensor, global_v
         ref_lora = snapshot if snapshot is not None else global_vision
         old_logp = _log_probs(model, global_vision, x, text_emb, bs)
         if cfg.reference == "prob_mixture":
-            p_ref = cfg.ref_mix * _log_probs(model, ref_lora, x, text_emb, bs).exp() + (1 - cfg.ref_mix) * old_logp.exp()
+            p_sft = _log_probs(model, ref_lora, x, text_emb, bs).exp()
+            p_ref = cfg.ref_mix * p_sft + (1 - cfg.ref_mix) * old_logp.exp()
             ref_logp = p_ref.clamp_min(1e-30).log()
         else:
             mixed = {k: cfg.ref_mix * ref_lora[k] + (1 - cfg.ref_mix) * global_vision[k] for k in global_vision}
@@ -361,4 +362,3 @@ def zero_shot(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, seed
 
 __all__ = ["build_model", "client_update", "server_update", "fedavg", "evaluate", "run_federation", "zero_shot",
            "rl_loss", "ClientResult", "ServerState", "init_server", "client_drift", "policy_logits"]
-_ = math
