@@ -42,13 +42,33 @@ def test_bad_entries_are_rejected():
         _check((RoomEntry("a_b", "gadget", "t", "", "c"),))
     with pytest.raises(KeyError, match="known rooms"):
         get_room("nope")
+
+
+PLANNED = RoomEntry("future_room", "layer", "A paper not built yet", "", "a layer")
+
+
+@pytest.fixture
+def with_planned_room(monkeypatch):
+    """Every paper now has a room, so the planned-room paths are checked on a registered placeholder."""
+    import icml26.cli
+    import icml26.core.registry as registry
+
+    monkeypatch.setattr(registry, "ROOMS", registry.ROOMS + (PLANNED,))
+    monkeypatch.setattr(icml26.cli, "ROOMS", registry.ROOMS)
+
+
+def test_planned_room_cannot_be_imported_or_reproduced(with_planned_room, capsys):
+    from icml26.cli import main
+
     with pytest.raises(LookupError, match="planned"):
-        import_room("sherpa")
+        import_room("future_room")
+    assert main(["reproduce", "future_room", "--tier", "smoke"]) == 2
+    assert "planned" in capsys.readouterr().err
 
 
-def test_room_card_is_the_readme_or_a_stub():
+def test_room_card_is_the_readme_or_a_stub(with_planned_room):
     assert "AdaMeZO" in room_card("adamezo")
-    assert "Not implemented yet" in room_card("sherpa")
+    assert "Not implemented yet" in room_card("future_room")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -71,7 +91,5 @@ def test_list_json_lists_19_rooms_without_importing_rooms_or_heavy_deps():
 def test_show_and_errors():
     out = _cli("show", "adamezo")
     assert out.returncode == 0 and "Fidelity" in out.stdout
-    out = _cli("reproduce", "sherpa", "--tier", "smoke")
-    assert out.returncode == 2 and "planned" in out.stderr
     out = _cli("reproduce", "nope")
     assert out.returncode == 2 and "unknown room" in out.stderr

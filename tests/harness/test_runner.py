@@ -184,6 +184,23 @@ def test_report_has_a_summary_picture_and_a_row_and_a_plot_per_claim(tmp_path):
         write_report(tmp_path / "empty")
 
 
+def test_report_draws_claims_whose_statistic_is_undefined_on_some_seeds(tmp_path):
+    # A seed whose statistic is nan is stored as the string "nan"; an all-nan claim has no finite mean.
+    def run(config, seed, prepared):
+        gain = float("nan") if seed == 1 else 1.0 + 0.1 * seed
+        return {"arms": {"method": {"loss": gain}, "baseline": {"loss": 1.0}}, "statistics": {"gain": gain}}
+
+    def all_nan(config, seed, prepared):
+        return {"arms": {"method": {"loss": 1.0}, "baseline": {"loss": 1.0}}, "statistics": {"gain": float("nan")}}
+
+    run_spec(_spec(run), "quick", tmp_path)
+    run_spec(_spec(all_nan, id="undefined"), "quick", tmp_path)
+    page, md = write_report(tmp_path)
+    text = md.read_text()
+    assert "`toy`" in text and "`undefined`" in text and "gain = n/a" in text
+    assert (tmp_path / "summary.png").exists() and "summary of every claim" in page.read_text()
+
+
 def test_corrupt_result_file_is_named_and_replaced_with_force(tmp_path):
     spec = _spec(_toy_run([]))
     path = tmp_path / "toyroom" / "toy.json"

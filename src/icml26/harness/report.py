@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from pathlib import Path
 
 from ..core.io import atomic_write_bytes, atomic_write_text
@@ -33,21 +34,30 @@ def load_results(out: Path) -> tuple[list[dict], list[str]]:
     return results, unreadable
 
 
+def _finite(value) -> float | None:
+    """``value`` as a float when it is a finite number, else None (results store nan/inf as strings)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def _fmt(stat: dict | None) -> str:
     """``mean ± std`` over seeds; a single seed prints its value alone (no "± 0")."""
-    if not stat or not isinstance(stat.get("mean"), (int, float)):
+    mean = _finite((stat or {}).get("mean"))
+    if mean is None:
         return "n/a"
-    n = len([v for v in stat.get("per_seed", []) if isinstance(v, (int, float))])
-    return f"{stat['mean']:.4g}" if n <= 1 else f"{stat['mean']:.4g} ± {stat['std']:.2g}"
+    n = len([v for v in stat.get("per_seed", []) if _finite(v) is not None])
+    std = _finite(stat.get("std"))
+    return f"{mean:.4g}" if n <= 1 or std is None else f"{mean:.4g} ± {std:.2g}"
 
 
 def _measurement(result: dict) -> str:
     name = result["comparator"]["statistic"]
     text = f"{name} = {_fmt(result.get('statistics', {}).get(name))} (n={len(result.get('seed_results', []))})"
     bound = result.get("bound") or {}
-    if isinstance(bound.get("lower"), (int, float)):
-        text += (f"; {100 * bound['confidence']:g}% one-sided bounds [{bound['lower']:.4g}, "
-                 f"{bound['upper']:.4g}]")
+    lower, upper = _finite(bound.get("lower")), _finite(bound.get("upper"))
+    if lower is not None and upper is not None:
+        text += f"; {100 * bound['confidence']:g}% one-sided bounds [{lower:.4g}, {upper:.4g}]"
     return text
 
 
@@ -92,7 +102,8 @@ def summary_figure(results: list[dict]) -> bytes | None:
     """PNG: one row per claim, grouped by room. Each row shows the per-seed statistic (dots), the mean (bar)
     and the one-sided bounds (line) as a signed distance from the threshold, scaled per row so that the
     farthest point sits at 1, and oriented so that right of 0 is the claim's side."""
-    rows = [r for r in results if r.get("statistics", {}).get(r["comparator"]["statistic"])]
+    rows = [r for r in results if _finite(r.get("statistics", {}).get(r["comparator"]["statistic"], {}).get("mean"))
+            is not None]
     if not rows:
         return None
     import matplotlib
@@ -106,21 +117,23 @@ def summary_figure(results: list[dict]) -> bytes | None:
         comp = r["comparator"]
         stat = r["statistics"][comp["statistic"]]
         sign = 1.0 if comp["op"] in (">=", ">") else -1.0
-        seeds = [v for v in stat["per_seed"] if isinstance(v, (int, float))]
+        mean = _finite(stat["mean"])
+        # Result JSON stores non-finite numbers as strings ("nan"); a seed whose statistic is undefined is not drawn.
+        seeds = [v for v in map(_finite, stat.get("per_seed", [])) if v is not None]
         bound = r.get("bound") or {}
-        ends = [bound[k] for k in ("lower", "upper") if isinstance(bound.get(k), (int, float))]
-        points = [sign * (v - comp["threshold"]) for v in seeds + ends + [stat["mean"]]]
-        scale = max([abs(p) for p in points if p == p] + [1e-12])
+        ends = [v for v in (_finite(bound.get(k)) for k in ("lower", "upper")) if v is not None]
+        points = [sign * (v - comp["threshold"]) for v in seeds + ends + [mean]]
+        scale = max([abs(p) for p in points] + [1e-12])
         y = len(rows) - 1 - i
         colour = COLOURS.get(_verdict(r), "#666")
         if len(ends) == 2:
             ax.plot([sign * (e - comp["threshold"]) / scale for e in ends], [y, y], color=colour, lw=2)
         ax.scatter([sign * (v - comp["threshold"]) / scale for v in seeds], [y] * len(seeds), s=10, color=colour,
                    alpha=0.6)
-        ax.scatter([sign * (stat["mean"] - comp["threshold"]) / scale], [y], marker="|", s=140, color=colour)
+        ax.scatter([sign * (mean - comp["threshold"]) / scale], [y], marker="|", s=140, color=colour)
         failed = [c["name"] for c in r.get("mechanism_checks") or [] if not c["passed"]]
         note = f"  (check failed: {', '.join(failed)})" if failed else ""
-        ax.text(1.08, y, f"{stat['mean']:.3g} {comp['op']} {comp['threshold']:g}?{note}", va="center", fontsize=7)
+        ax.text(1.08, y, f"{mean:.3g} {comp['op']} {comp['threshold']:g}?{note}", va="center", fontsize=7)
         labels.append(f"{r['room']} / {r['spec']} [{r['tier']}]")
         if i and r["room"] != rows[i - 1]["room"]:  # a rule between rooms
             ax.axhline(y + 0.5, color="#ddd", lw=0.8)
