@@ -48,7 +48,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         return 2
     try:
         results = reproduce(args.rooms or None, args.tier, Path(args.out), n_seeds=args.seeds, force=args.force,
-                            spec_ids=args.spec, device=args.device)
+                            spec_ids=args.spec, device=args.device,
+                            precision=None if args.dtype == "fp32" else args.dtype)
     except ValueError as err:  # an unknown --spec, an unreadable result file: said in one line
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -125,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rerun specs whose results are complete")
     p.add_argument("--device", default=None, help="torch device the claims run on, e.g. cuda (default: CPU); "
                    "recorded in each result")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="fp32 (default), or mixed "
+                   "precision under torch.autocast with fp32 parameters (as Trainer's bf16=True); recorded")
     p.set_defaults(func=_cmd_reproduce)
 
     p = sub.add_parser("report", help="write DIR/report.html and DIR/report.md from the result files in DIR")

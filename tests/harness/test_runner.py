@@ -254,6 +254,24 @@ def test_plot_legend_names_an_arm_hidden_under_another():
     assert hidden_arms(curves) == {"grpo": "clip_b"}
 
 
+def test_precision_runs_the_spec_under_autocast_and_is_part_of_the_identity(tmp_path):
+    import torch
+
+    seen = []
+
+    def run(config, seed, prepared):
+        seen.append((torch.ones(2, 2) @ torch.ones(2, 2)).dtype)  # a matmul inside the spec
+        return {"arms": {"method": {"loss": 0.0}, "baseline": {"loss": 1.0}}, "statistics": {"gain": 1.0}}
+
+    fp32 = run_spec(_spec(run), "smoke", tmp_path)
+    bf16 = run_spec(_spec(run), "smoke", tmp_path, precision="bf16")
+    assert seen == [torch.float32, torch.bfloat16]  # a different precision is a different result, not a skip
+    assert fp32["run_info"]["precision"] == "fp32" and bf16["run_info"]["precision"] == "bf16"
+    assert fp32["config_hash"] != bf16["config_hash"]
+    with pytest.raises(ValueError, match="precision"):
+        run_spec(_spec(run), "smoke", tmp_path, precision="int8")
+
+
 def test_device_becomes_the_default_device_and_is_recorded(tmp_path):
     import torch
 

@@ -48,7 +48,8 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def run_info(config: dict, tier: str, seeds: list[int], device: str | None = None) -> dict:
+def run_info(config: dict, tier: str, seeds: list[int], device: str | None = None,
+             precision: str | None = None) -> dict:
     """Provenance recorded in every result: code version, environment, and the full config."""
     versions = {}
     for package in _VERSIONED:
@@ -72,6 +73,7 @@ def run_info(config: dict, tier: str, seeds: list[int], device: str | None = Non
         "thread_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
         "cpu_count": os.cpu_count(),
         "device": device or "cpu (default)",
+        "precision": precision or "fp32",
         "accelerator_available": _accelerator(torch),
     }
 
@@ -93,6 +95,26 @@ def _default_device(device: str | None):
     import torch
 
     with torch.device(device):
+        yield
+
+
+PRECISIONS = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+@contextlib.contextmanager
+def _autocast(precision: str | None, device: str | None):
+    """Mixed precision as transformers' Trainer does it (``bf16=True``): matmuls and convolutions inside the
+    spec run under ``torch.autocast`` in ``precision`` while parameters and optimizer state stay fp32.
+    None keeps full fp32."""
+    if precision is None:
+        yield
+        return
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)} (or None for fp32), got {precision!r}")
+    import torch
+
+    device_type = torch.device(device).type if device else "cpu"
+    with torch.autocast(device_type=device_type, dtype=getattr(torch, PRECISIONS[precision])):
         yield
 
 
@@ -169,11 +191,14 @@ def _plot(spec: ExperimentSpec, result: dict, path: Path) -> str | None:
 
 
 def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None = None, force: bool = False,
-             overrides: dict | None = None, device: str | None = None) -> dict:
+             overrides: dict | None = None, device: str | None = None, precision: str | None = None) -> dict:
     """Run one spec at ``tier`` and write its result file; returns the result dict.
 
-    ``device`` (e.g. "cuda") becomes torch's default device while the spec runs and is part of the result's
-    identity, so results from different devices never mix seeds."""
+    ``device`` (e.g. "cuda") becomes torch's default device while the spec runs, and ``precision`` ("bf16" or
+    "fp16") runs it under autocast; both are part of the result's identity, so results from different devices
+    or precisions never mix seeds."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)} (or None for fp32), got {precision!r}")
     if tier not in TIERS:
         raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
     if tier not in spec.tiers:
@@ -185,7 +210,8 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
     seeds = list(range(n_seeds if n_seeds is not None else spec.seeds[tier]))
     path = result_path(out, spec)
     identity = {"config": config, "tier": tier, "harness": HARNESS_VERSION}
-    key = config_hash({**identity, "device": device} if device else identity)
+    placement = {k: v for k, v in (("device", device), ("precision", precision)) if v}
+    key = config_hash({**identity, **placement})
 
     try:
         previous = read_result(path) if path.exists() else None
@@ -206,7 +232,7 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
         "comparator": {"statistic": spec.comparator.statistic, "op": spec.comparator.op,
                        "threshold": spec.comparator.threshold, "description": spec.comparator.description},
         "notes": spec.notes, "tier": tier, "seeds": seeds, "config_hash": key,
-        "run_info": run_info(config, tier, seeds, device), "status": "running", "prepared": prepared,
+        "run_info": run_info(config, tier, seeds, device, precision), "status": "running", "prepared": prepared,
     }
     start = time.perf_counter()
     # A resumed run adds the wall time its earlier attempts spent on the seeds it keeps.
@@ -227,7 +253,8 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                 if r.get("seed") in done or (r.get("phase") == "prepare" and prepared is not None)]
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     try:
-        with PeakRSS() as mem, metric_log(metrics_path) as logger, _default_device(device):
+        with PeakRSS() as mem, metric_log(metrics_path) as logger, _default_device(device), \
+                _autocast(precision, device):
             if spec.prepare is not None and prepared is None:
                 logger.tags = {"phase": "prepare"}
                 result["prepared"] = prepared = spec.prepare(config)
@@ -277,7 +304,8 @@ def reproducible_rooms() -> list[str]:
 
 
 def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int | None = None,
-              force: bool = False, spec_ids: Iterable[str] | None = None, device: str | None = None) -> list[dict]:
+              force: bool = False, spec_ids: Iterable[str] | None = None, device: str | None = None,
+              precision: str | None = None) -> list[dict]:
     """Run every spec of ``rooms`` (all implemented rooms when None) and return their results."""
     names = list(rooms) if rooms else reproducible_rooms()
     wanted = set(spec_ids or [])
@@ -286,5 +314,6 @@ def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int
     if unknown:
         raise ValueError(f"unknown --spec {', '.join(sorted(unknown))}; the specs of {', '.join(names)} are: "
                          f"{', '.join(spec.id for spec in chosen)}")
-    return [run_spec(spec, tier, out, n_seeds=n_seeds, force=force, device=device) for spec in chosen
+    return [run_spec(spec, tier, out, n_seeds=n_seeds, force=force, device=device, precision=precision)
+            for spec in chosen
             if (not wanted or spec.id in wanted) and tier in spec.tiers]
