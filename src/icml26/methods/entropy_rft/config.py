@@ -14,6 +14,15 @@ def _num(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
 
+def check_clip_b(clip_b, mu, clip_b_name: str = "clip_b", mu_name: str = "mu") -> None:
+    """Validate the Clip_B switch and its mu (shared by EntropyRFTConfig and the TRL ClipBConfig); the error names
+    the caller's field."""
+    if not isinstance(clip_b, bool):
+        raise ValueError(f"{clip_b_name} must be a bool, got {clip_b!r}")
+    if not (_num(mu) and mu >= 0):
+        raise ValueError(f"{mu_name} must be a number >= 0 (math.inf disables clipping), got {mu!r}")
+
+
 @dataclass
 class EntropyRFTConfig:
     """Hyperparameters of :class:`~icml26.methods.entropy_rft.GRPOTrainer`.
@@ -60,10 +69,7 @@ class EntropyRFTConfig:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not (_num(self.adv_epsilon) and math.isfinite(self.adv_epsilon) and self.adv_epsilon >= 0):
             raise ValueError(f"adv_epsilon must be a finite number >= 0, got {self.adv_epsilon!r}")
-        if not isinstance(self.clip_b, bool):
-            raise ValueError(f"clip_b must be a bool, got {self.clip_b!r}")
-        if not (_num(self.mu) and self.mu >= 0):
-            raise ValueError(f"mu must be a number >= 0 (math.inf disables clipping), got {self.mu!r}")
+        check_clip_b(self.clip_b, self.mu, "clip_b", "mu")
         for name in ("clip_range_low", "clip_range_high"):
             value = getattr(self, name)
             if not (_num(value) and 0 <= value < (1 if name == "clip_range_low" else math.inf)):

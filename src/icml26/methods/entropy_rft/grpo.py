@@ -13,6 +13,7 @@ token k with advantage A moves the logits by alpha A (e_k - p) (Theorem 3.3), he
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -74,18 +75,25 @@ def group_normalized_advantages(rewards: torch.Tensor, group_index: torch.Tensor
     return ((r - mean[group_index]) / (std[group_index] + epsilon)).to(rewards.dtype)
 
 
-def clip_b_keep_mask(s: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, mu: float
+def clip_b_keep_mask(s: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, mu: float, *,
+                     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
                      ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip_B (ClipBAdvantageFn): keep mask (N, L) and monitoring metrics.
 
     E[S] and the population std sigma_S are taken over the valid tokens of the whole batch. Tokens with A >= 0
     are kept; a token with A < 0 is kept only if S - E[S] >= -mu sigma_S. If sigma_S < 1e-12 every token is
     kept. The caller multiplies its response mask by the keep mask, so loss normalisation uses the clipped mask.
+
+    ``reduce_sum`` sums a tensor over data-parallel processes (e.g. ``accelerator.reduce(t, "sum")``), so that
+    E[S], sigma_S and the metrics are those of the global batch, as in the official single-batch code; None:
+    this process's batch is the whole batch.
     """
+    total = reduce_sum if reduce_sum is not None else (lambda t: t)
     xs, m = s.detach().float(), mask.float()
-    n = m.sum().clamp_min(1.0)
-    mean = (xs * m).sum() / n
-    var = ((xs - mean) ** 2 * m).sum() / n
+    sums = total(torch.stack(((xs * m).sum(), m.sum())))
+    n = sums[1].clamp_min(1.0)
+    mean = sums[0] / n
+    var = total(((xs - mean) ** 2 * m).sum()) / n
     std = var.sqrt()
     if std.item() < 1e-12:
         keep = torch.ones_like(m)
@@ -94,13 +102,31 @@ def clip_b_keep_mask(s: torch.Tensor, advantages: torch.Tensor, mask: torch.Tens
         keep = torch.where(a < 0, (xs - mean >= -(mu * std)).float(), torch.ones_like(m))
     clipped = m * keep
     pos, neg = (advantages > 0).float() * m, (advantages < 0).float() * m
+    kept, kept_pos, n_pos, kept_neg, n_neg = total(torch.stack(
+        (clipped.sum(), (clipped * pos).sum(), pos.sum(), (clipped * neg).sum(), neg.sum())))
     metrics = {
-        "frac_clipped": 1.0 - float(clipped.sum() / n),
-        "frac_clipped_pos": 1.0 - float((clipped * pos).sum() / pos.sum().clamp_min(1.0)),
-        "frac_clipped_neg": 1.0 - float((clipped * neg).sum() / neg.sum().clamp_min(1.0)),
+        "frac_clipped": 1.0 - float(kept / n),
+        "frac_clipped_pos": 1.0 - float(kept_pos / n_pos.clamp_min(1.0)),
+        "frac_clipped_neg": 1.0 - float(kept_neg / n_neg.clamp_min(1.0)),
         "S_mean": float(mean), "S_var": float(var),
     }
     return keep, metrics
+
+
+def check_rewards(rewards: torch.Tensor, n: int, source: str) -> None:
+    """Raise ValueError unless ``rewards`` is an (n,) tensor of finite numbers.
+
+    Called before any parameter changes: one NaN reward makes a group's advantages NaN, and one infinite reward
+    makes them inf - inf = NaN, which a gradient step then writes into every parameter. ``source`` names the
+    reward function in the message.
+    """
+    if rewards.shape != (n,):
+        raise ValueError(f"{source} must return one reward per response, shape ({n},), got {tuple(rewards.shape)}")
+    bad = ~torch.isfinite(rewards)
+    if bad.any():
+        rows = bad.nonzero().flatten().tolist()
+        raise ValueError(f"{source} returned non-finite rewards {rewards[bad][:5].tolist()} for responses "
+                         f"{rows[:5]}{' ...' if len(rows) > 5 else ''}; rewards must be finite numbers")
 
 
 def masked_aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:

@@ -17,7 +17,8 @@ from torch import nn
 
 from ...models.outputs import causal_logits
 from .config import EntropyRFTConfig
-from .grpo import clip_b_keep_mask, entropy_discriminator, group_normalized_advantages, grpo_loss, logprobs_and_entropy
+from .grpo import (check_rewards, clip_b_keep_mask, entropy_discriminator, group_normalized_advantages, grpo_loss,
+                   logprobs_and_entropy)
 
 RewardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``reward_fn(prompts (N, Tp), responses (N, L), response_mask (N, L)) -> rewards (N,)`` float."""
@@ -116,6 +117,9 @@ class GRPOTrainer:
         cfg = self.config
         if prompts.ndim != 2 or prompts.dtype != torch.long:
             raise ValueError(f"prompts must be a (B, Tp) long tensor, got {tuple(prompts.shape)} {prompts.dtype}")
+        if prompts.shape[0] == 0 or prompts.shape[1] == 0:
+            raise ValueError(f"prompts is empty, shape {tuple(prompts.shape)}: GRPO needs at least one prompt of at "
+                             "least one token (a causal LM cannot sample from an empty context)")
         group = torch.arange(prompts.shape[0]).repeat_interleave(cfg.group_size)
         rep = prompts.repeat_interleave(cfg.group_size, dim=0)
         was_training = self.model.training
@@ -123,7 +127,8 @@ class GRPOTrainer:
         responses, mask = sample_responses(self.model, rep, cfg.max_new_tokens, temperature=cfg.temperature,
                                            generator=self.generator, eos_token_id=cfg.eos_token_id,
                                            pad_token_id=cfg.pad_token_id)
-        rewards = self.reward_fn(rep, responses, mask).float()
+        rewards = torch.as_tensor(self.reward_fn(rep, responses, mask)).float()
+        check_rewards(rewards, rep.shape[0], f"reward_fn {getattr(self.reward_fn, '__name__', repr(self.reward_fn))}")
         adv = group_normalized_advantages(rewards, group, cfg.adv_epsilon)[:, None] * mask
         # LP and H recomputed by the current policy (the official comments); equal to rollout values on-policy.
         old_logp, entropy, _ = response_logprobs(self.model, rep, responses, cfg.temperature)
