@@ -197,6 +197,36 @@ def test_hf_causal_lm_trains():
         assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_reward_raises_before_any_parameter_change(bad):
+    """Before the check, one NaN reward turned every parameter into NaN after one step."""
+    model = _tiny_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def reward_fn(prompts, responses, mask):
+        rewards = torch.ones(prompts.shape[0])
+        rewards[3] = bad
+        return rewards
+
+    trainer = GRPOTrainer(model, torch.optim.SGD(model.parameters(), lr=0.5), reward_fn,
+                          EntropyRFTConfig(group_size=4, max_new_tokens=2), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"reward_fn reward_fn returned non-finite rewards .* responses \[3\]"):
+        trainer.step(torch.tensor([[10, 2, 3, 11], [10, 7, 1, 11]]))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert trainer.last_rollout is None
+
+
+def test_wrong_reward_shape_and_empty_prompts_raise():
+    model = _tiny_model()
+    cfg = EntropyRFTConfig(group_size=2, max_new_tokens=2)
+    trainer = GRPOTrainer(model, torch.optim.SGD(model.parameters(), lr=0.5), lambda p, r, m: torch.ones(3), cfg)
+    with pytest.raises(ValueError, match=r"one reward per response, shape \(4,\)"):
+        trainer.step(torch.tensor([[10, 2, 3, 11], [10, 7, 1, 11]]))
+    for empty in (torch.zeros(0, 4, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long)):
+        with pytest.raises(ValueError, match="prompts is empty"):
+            trainer.step(empty)
+
+
 def test_pass_at_k():
     assert pass_at_k(16, 0, 16) == 0.0 and pass_at_k(16, 1, 16) == 1.0
     assert abs(pass_at_k(10, 3, 1) - 0.3) < 1e-12

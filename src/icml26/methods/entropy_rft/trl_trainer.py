@@ -33,12 +33,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+import trl
+from packaging.version import Version
 from torch import nn
 from trl import GRPOConfig, GRPOTrainer
 
 from .config import check_clip_b
 from .grpo import (check_rewards, clip_b_keep_mask, entropy_discriminator, logprobs_and_entropy,
                    predicted_entropy_change)
+
+MIN_TRL = "0.28"
+"""First TRL whose GRPO loss multiplies the loss mask by ``tool_mask`` (huggingface/trl a03c2fcda, PR #4895).
+Before it, the mask is ignored and Clip_B would silently clip nothing (the gradient test fails on trl 0.27.2)."""
 
 
 @dataclass
@@ -118,6 +124,9 @@ class ClipBGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, model, reward_funcs=None, args: ClipBConfig | None = None, train_dataset=None, *pos, **kwargs):
+        if Version(trl.__version__) < Version(MIN_TRL):
+            raise ImportError(f"ClipBGRPOTrainer needs trl>={MIN_TRL} (its GRPO loss must honour tool_mask), found "
+                              f"trl {trl.__version__}; pip install 'icml26[rl]'")
         if args is None:
             model_name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "") or "model"
             args = ClipBConfig(f"{model_name.split('/')[-1]}-GRPO")
