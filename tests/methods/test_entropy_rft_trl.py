@@ -209,3 +209,31 @@ def test_readme_trl_snippet_runs(tmp_path, monkeypatch):
     exec(compile(code, str(README), "exec"), namespace)
     trainer = namespace["trainer"]
     assert trainer.state.global_step == 2 and len(_logged(trainer, "clip_b/frac_clipped")) == 2
+
+
+def test_reward_checks_cover_async_functions_and_reward_models():
+    """The wrappers ClipBGRPOTrainer installs: async reward functions stay async (TRL runs them concurrently) and
+    are checked; a reward model's non-finite score is caught by its forward hook."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from icml26.methods.entropy_rft.trl_trainer import _finite_reward_func, _finite_reward_model_hook
+
+    async def judge(completions, **kwargs):
+        return [1.0, None, math.nan]
+
+    wrapped = _finite_reward_func(judge, "judge")
+    assert asyncio.iscoroutinefunction(wrapped) and wrapped.__name__ == "judge"
+    with pytest.raises(ValueError, match="reward function 'judge' returned non-finite"):
+        asyncio.run(wrapped(completions=["a", "b", "c"]))
+    assert _finite_reward_func(lambda completions: [None, 0.5], "ok")(["a", "b"]) == [None, 0.5]
+
+    class RewardModel(torch.nn.Module):  # a sequence classifier's output: .logits (N, 1)
+        def forward(self, scores):
+            return SimpleNamespace(logits=scores[:, None])
+
+    model = RewardModel()
+    model.register_forward_hook(_finite_reward_model_hook("rm"))
+    model(torch.tensor([0.5, -1.0]))
+    with pytest.raises(ValueError, match="reward model 'rm' returned non-finite"):
+        model(torch.tensor([0.5, math.inf]))
