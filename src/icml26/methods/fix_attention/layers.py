@@ -32,6 +32,26 @@ def _resolve(config: FixConfig | None, attention: str, options: dict[str, Any]) 
     return FixConfig(**{**base, **options, "attention": attention})
 
 
+def _check_sizes(d_model: object, n_heads: object) -> None:
+    """Raise ValueError unless D and H are positive ints with D divisible by H (before any parameter is built)."""
+    for name, value in (("d_model", d_model), ("n_heads", n_heads)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if d_model % n_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+
+
+def check_hidden_states(x: object, width: int, owner: str) -> None:
+    """Raise at the layer entry (not deep in a kernel) unless ``x`` is a floating (B, T, width) tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{owner} expects a tensor of shape (batch, time, {width}), got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[-1] != width:
+        raise ValueError(f"{owner} expects hidden states of shape (batch, time, {width}), got {tuple(x.shape)}; "
+                         f"add a batch axis with x.unsqueeze(0) for one sequence")
+    if not x.is_floating_point():
+        raise TypeError(f"{owner} expects floating-point hidden states, got {x.dtype}")
+
+
 class HeadRMSNorm(nn.Module):
     """RMSNorm of each head's vector with a per-channel gain: H * Dh weights (the official FoX
     ``GroupNorm(is_rms_norm=True)``), or with ``shared=True`` one gain of size Dh used by every head (the FiX
@@ -59,8 +79,7 @@ class _GatedAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, cfg: FixConfig, *, max_seq_len: int, rope_base: float,
                  out_std: float, layer_idx: int) -> None:
         super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        _check_sizes(d_model, n_heads)
         self.cfg, self.layer_idx = cfg, layer_idx
         self.d_model, self.n_heads, self.head_dim, self.max_seq_len = d_model, n_heads, d_model // n_heads, max_seq_len
         self.use_rope = cfg.uses_rope
@@ -81,6 +100,7 @@ class _GatedAttention(nn.Module):
 
     def _qkv(self, x: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, T, D) -> q, k, v each (B, H, T, Dh), RoPE applied to q and k at positions offset .. offset + T - 1."""
+        check_hidden_states(x, self.d_model, type(self).__name__)
         b, t, _ = x.shape
         if self.use_rope and offset + t > self.max_seq_len:
             raise ValueError(f"Positions up to {offset + t} exceed max_seq_len={self.max_seq_len} (RoPE table).")
@@ -103,27 +123,16 @@ class _GatedAttention(nn.Module):
         return self.out_proj(o)
 
 
-class FoXAttention(_GatedAttention):
-    """Forgetting attention (FoX, Lin et al., ICLR 2025), equations of the official code.
+class FoXGates:
+    """FoX's forget gate, shared by :class:`FoXAttention` and the drop-in layer for Hugging Face decoders.
 
-    o_i = sum_j softmax_j(s_ij + Lambda_i - Lambda_j) v_j, with f_t = sigmoid(w_h . x_t + b_h) per head (``full``).
-    Cache keys: "k", "v" (B, H, T, Dh) and "log_f" (B, H, T), one float per head and token, as in the official
-    ``FgateDynamicCache``.
-
-    Args:
-        d_model, n_heads: D and H.
-        config: a :class:`FixConfig` (its ``attention`` field is ignored); keyword ``options`` override its fields.
-        max_seq_len: RoPE table length (only used with ``rope=True``).
-        rope_base: RoPE base when the config leaves it None.
-        out_std: init std of the output projection (TinyLM uses 0.02 / sqrt(2 n_layers)).
+    A mixin: the host sets ``self.cfg`` and calls :meth:`_init_fox_gates`. Parameters (official code):
+    ``fgate_proj`` (D -> H, weight N(0, 0.02), bias 0) for 'full', ``fgate_bias`` (H,) for 'bias_only' / 'fixed'.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, config: FixConfig | None = None, max_seq_len: int = 1024,
-                 rope_base: float = 10000.0, out_std: float = 0.02, layer_idx: int = 0, **options: Any) -> None:
-        cfg = _resolve(config, "fox", options)
-        super().__init__(d_model, n_heads, cfg, max_seq_len=max_seq_len, rope_base=rope_base, out_std=out_std,
-                         layer_idx=layer_idx)
-        h = n_heads
+    def _init_fox_gates(self, d_model: int, n_gate_heads: int) -> None:
+        cfg, h = self.cfg, n_gate_heads
+        self.n_gate_heads = h
         if cfg.fgate_type == "full":
             self.fgate_proj = nn.Linear(d_model, h, bias=True)
             nn.init.normal_(self.fgate_proj.weight, std=0.02)
@@ -138,77 +147,34 @@ class FoXAttention(_GatedAttention):
                 self.fgate_bias = nn.Parameter(bias)
             else:
                 self.register_buffer("fgate_bias", bias)
-        self.q_norm = self.k_norm = None
-        if cfg.qk_norm:
-            # The official QK-norm takes the layer-norm default eps (1e-5), not norm_eps.
-            self.q_norm = HeadRMSNorm(h, self.head_dim, cfg.qk_norm_eps)
-            self.k_norm = HeadRMSNorm(h, self.head_dim, cfg.qk_norm_eps)
-        self.output_norm = HeadRMSNorm(h, self.head_dim, cfg.norm_eps) if cfg.fox_output_norm else None
-
-    def _qk_transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # The official layer normalises q and k before RoPE.
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return q, k
 
     def log_forget(self, x: torch.Tensor) -> torch.Tensor:
         """log f_t per head: (B, T, D) -> (B, H, T), logsigmoid of the logit in at least float32 (as in the code)."""
         b, t, _ = x.shape
         dtype = torch.promote_types(x.dtype, torch.float32)
         if self.cfg.fgate_type == "none":
-            return torch.zeros(b, self.n_heads, t, dtype=dtype, device=x.device)
+            return torch.zeros(b, self.n_gate_heads, t, dtype=dtype, device=x.device)
         if self.cfg.fgate_type == "full":
             logit = self.fgate_proj(x)
         else:
-            logit = self.fgate_bias.expand(b, t, self.n_heads)
+            logit = self.fgate_bias.expand(b, t, self.n_gate_heads)
         return F.logsigmoid(logit.to(dtype)).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None) -> torch.Tensor:
-        """(B, T, D) -> (B, T, D); with ``cache`` the T tokens follow the cached ones."""
-        offset = 0 if cache is None or "k" not in cache else cache["k"].shape[2]
-        q, k, v = self._qkv(x, offset)
-        log_f = self.log_forget(x)
-        if cache is not None:
-            if offset:
-                k = torch.cat((cache["k"], k), dim=2)
-                v = torch.cat((cache["v"], v), dim=2)
-                log_f = torch.cat((cache["log_f"], log_f), dim=2)
-            cache["k"], cache["v"], cache["log_f"] = k, v, log_f
-        o = fox_attention_chunked(q, k, v, log_f)
-        if self.output_norm is not None:
-            o = self.output_norm(o)
-        return self._finish(o, x)
 
+class FiXGates:
+    """FiX's per-channel forget gates, shared by :class:`FiXAttention` and the drop-in layer for HF decoders.
 
-class FiXAttention(_GatedAttention):
-    """Fine-grained forgetting attention (FiX): per-channel forget gates on the values, then a per-head RMSNorm.
-
-    u_i = sum_j softmax_j(s_ij) exp(Lambda_i - Lambda_j) (.) v_j,   o_i = RMSNorm_eps(u_i)   (per head, gain)
-
-    Gates (``gate_form``): 'mamba' log f_t = -exp(A_log) (.) softplus(W_up W_down x_t + dt_bias); 'sigmoid'
-    log f_t = logsigmoid(W_up W_down x_t + b) / tau; 'none' f = 1, which makes the layer RMSNorm(softmax + RoPE).
-    ``gate_granularity='head'`` ties the gate across a head's channels: with the 'sigmoid' form, rank 0 and tau = 1
-    this is exactly RMSNorm(FoX + RoPE) up to eps.
-
-    Decode cache: "k" (B, H, T, Dh) and "v" (B, H, T, Dh) holding exp(Lambda_last - Lambda_j) v_j, the values
-    already decayed to the latest token. It costs the bytes of a plain KV cache; each new token multiplies it by
-    its gate f_t (O(T Dh) per step, the same order as reading it).
-
-    Args:
-        d_model, n_heads: D and H.
-        config: a :class:`FixConfig` (its ``attention`` field is ignored); keyword ``options`` override its fields.
-        max_seq_len: RoPE table length.
-        rope_base: RoPE base when the config leaves it None.
-        out_std: init std of the output projection (TinyLM uses 0.02 / sqrt(2 n_layers)).
+    A mixin: the host sets ``self.cfg`` and calls :meth:`_init_fix_gates` with the gated heads G and their width
+    Dh (G = H in TinyLM; the key-value heads in a grouped-query model, so the gates follow the value cache). The
+    pre-activation is g = W_up RMSNorm(W_down x) (or W_up W_down x, or one Linear at rank 0); layer 0 may take
+    W_down x from a token embedding instead (``token_gates``, ids set per forward by :func:`attach_token_gates`).
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, config: FixConfig | None = None, max_seq_len: int = 1024,
-                 rope_base: float = 10000.0, out_std: float = 0.02, layer_idx: int = 0, vocab_size: int | None = None,
-                 **options: Any) -> None:
-        cfg = _resolve(config, "fix", options)
-        super().__init__(d_model, n_heads, cfg, max_seq_len=max_seq_len, rope_base=rope_base, out_std=out_std,
-                         layer_idx=layer_idx)
-        self.n_gates = d_model if cfg.gate_granularity == "channel" else n_heads
+    def _init_fix_gates(self, d_model: int, gate_heads: int, head_dim: int, *, layer_idx: int,
+                        vocab_size: int | None) -> None:
+        cfg = self.cfg
+        self.gate_heads, self.gate_width = gate_heads, head_dim
+        self.n_gates = gate_heads * head_dim if cfg.gate_granularity == "channel" else gate_heads
         self.gate_down = self.gate_up = self.gate_proj = self.gate_embed = None
         self.token_ids: torch.Tensor | None = None  # set per forward by attach_token_gates (layer-0 token gates)
         rank = cfg.rank_for(d_model)
@@ -245,7 +211,6 @@ class FiXAttention(_GatedAttention):
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         elif cfg.gate_form == "sigmoid":
             self.gate_bias = nn.Parameter(torch.zeros(self.n_gates))
-        self.output_norm = HeadRMSNorm(n_heads, self.head_dim, cfg.norm_eps, shared=cfg.output_norm_shared)
 
     def _gate_input(self, x: torch.Tensor) -> torch.Tensor:
         """The gate pre-activation g before its bias: (B, T, D) -> (B, T, n_gates)."""
@@ -254,9 +219,9 @@ class FiXAttention(_GatedAttention):
         if self.gate_embed is not None:
             ids = self.token_ids
             if ids is None or ids.shape != x.shape[:2]:
-                raise ValueError("layer-0 token gates need the token ids of this forward pass; build the model with "
-                                 "build_tiny_lm / FixForCausalLM (which attach them), or set gate_layer0_source="
-                                 "'hidden'")
+                raise ValueError("layer-0 token gates need the token ids of this forward pass (input_ids, not "
+                                 "inputs_embeds); build the model with build_tiny_lm / FixForCausalLM / "
+                                 "convert_to_fix (which attach them), or set gate_layer0_source='hidden'")
             h = self.gate_embed(ids)
         else:
             h = self.gate_down(x)
@@ -268,19 +233,103 @@ class FiXAttention(_GatedAttention):
         return self.gate_up(h)
 
     def log_forget(self, x: torch.Tensor) -> torch.Tensor:
-        """log f_t: (B, T, D) -> (B, H, T, Dh) per channel, or (B, H, T, 1) tied per head; <= 0, in at least
+        """log f_t: (B, T, D) -> (B, G, T, Dh) per channel, or (B, G, T, 1) tied per head; <= 0, in at least
         float32 (bfloat16 gates would round the decays the kernel accumulates)."""
         b, t, _ = x.shape
         dtype = torch.promote_types(x.dtype, torch.float32)
-        width = self.head_dim if self.cfg.gate_granularity == "channel" else 1
+        width = self.gate_width if self.cfg.gate_granularity == "channel" else 1
         if self.cfg.gate_form == "none":
-            return torch.zeros(b, self.n_heads, t, 1, dtype=dtype, device=x.device)
+            return torch.zeros(b, self.gate_heads, t, 1, dtype=dtype, device=x.device)
         g = self._gate_input(x).to(dtype)
         if self.cfg.gate_form == "mamba":
             log_f = -torch.exp(self.A_log.to(dtype)) * F.softplus(g + self.dt_bias.to(dtype))
         else:
             log_f = F.logsigmoid(g + self.gate_bias.to(dtype)) / self.cfg.gate_temperature
-        return log_f.view(b, t, self.n_heads, width).transpose(1, 2)
+        return log_f.view(b, t, self.gate_heads, width).transpose(1, 2)
+
+
+class FoXAttention(FoXGates, _GatedAttention):
+    """Forgetting attention (FoX, Lin et al., ICLR 2025), equations of the official code.
+
+    o_i = sum_j softmax_j(s_ij + Lambda_i - Lambda_j) v_j, with f_t = sigmoid(w_h . x_t + b_h) per head (``full``).
+    Cache keys: "k", "v" (B, H, T, Dh) and "log_f" (B, H, T), one float per head and token, as in the official
+    ``FgateDynamicCache``.
+
+    Args:
+        d_model, n_heads: D and H.
+        config: a :class:`FixConfig` (its ``attention`` field is ignored); keyword ``options`` override its fields.
+        max_seq_len: RoPE table length (only used with ``rope=True``).
+        rope_base: RoPE base when the config leaves it None.
+        out_std: init std of the output projection (TinyLM uses 0.02 / sqrt(2 n_layers)).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, config: FixConfig | None = None, max_seq_len: int = 1024,
+                 rope_base: float = 10000.0, out_std: float = 0.02, layer_idx: int = 0, **options: Any) -> None:
+        cfg = _resolve(config, "fox", options)
+        super().__init__(d_model, n_heads, cfg, max_seq_len=max_seq_len, rope_base=rope_base, out_std=out_std,
+                         layer_idx=layer_idx)
+        h = n_heads
+        self._init_fox_gates(d_model, h)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            # The official QK-norm takes the layer-norm default eps (1e-5), not norm_eps.
+            self.q_norm = HeadRMSNorm(h, self.head_dim, cfg.qk_norm_eps)
+            self.k_norm = HeadRMSNorm(h, self.head_dim, cfg.qk_norm_eps)
+        self.output_norm = HeadRMSNorm(h, self.head_dim, cfg.norm_eps) if cfg.fox_output_norm else None
+
+    def _qk_transform(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The official layer normalises q and k before RoPE.
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k
+
+    def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D); with ``cache`` the T tokens follow the cached ones."""
+        offset = 0 if cache is None or "k" not in cache else cache["k"].shape[2]
+        q, k, v = self._qkv(x, offset)
+        log_f = self.log_forget(x)
+        if cache is not None:
+            if offset:
+                k = torch.cat((cache["k"], k), dim=2)
+                v = torch.cat((cache["v"], v), dim=2)
+                log_f = torch.cat((cache["log_f"], log_f), dim=2)
+            cache["k"], cache["v"], cache["log_f"] = k, v, log_f
+        o = fox_attention_chunked(q, k, v, log_f)
+        if self.output_norm is not None:
+            o = self.output_norm(o)
+        return self._finish(o, x)
+
+
+class FiXAttention(FiXGates, _GatedAttention):
+    """Fine-grained forgetting attention (FiX): per-channel forget gates on the values, then a per-head RMSNorm.
+
+    u_i = sum_j softmax_j(s_ij) exp(Lambda_i - Lambda_j) (.) v_j,   o_i = RMSNorm_eps(u_i)   (per head, gain)
+
+    Gates (``gate_form``): 'mamba' log f_t = -exp(A_log) (.) softplus(W_up W_down x_t + dt_bias); 'sigmoid'
+    log f_t = logsigmoid(W_up W_down x_t + b) / tau; 'none' f = 1, which makes the layer RMSNorm(softmax + RoPE).
+    ``gate_granularity='head'`` ties the gate across a head's channels: with the 'sigmoid' form, rank 0 and tau = 1
+    this is exactly RMSNorm(FoX + RoPE) up to eps.
+
+    Decode cache: "k" (B, H, T, Dh) and "v" (B, H, T, Dh) holding exp(Lambda_last - Lambda_j) v_j, the values
+    already decayed to the latest token. It costs the bytes of a plain KV cache; each new token multiplies it by
+    its gate f_t (O(T Dh) per step, the same order as reading it).
+
+    Args:
+        d_model, n_heads: D and H.
+        config: a :class:`FixConfig` (its ``attention`` field is ignored); keyword ``options`` override its fields.
+        max_seq_len: RoPE table length.
+        rope_base: RoPE base when the config leaves it None.
+        out_std: init std of the output projection (TinyLM uses 0.02 / sqrt(2 n_layers)).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, config: FixConfig | None = None, max_seq_len: int = 1024,
+                 rope_base: float = 10000.0, out_std: float = 0.02, layer_idx: int = 0, vocab_size: int | None = None,
+                 **options: Any) -> None:
+        cfg = _resolve(config, "fix", options)
+        super().__init__(d_model, n_heads, cfg, max_seq_len=max_seq_len, rope_base=rope_base, out_std=out_std,
+                         layer_idx=layer_idx)
+        self._init_fix_gates(d_model, n_heads, self.head_dim, layer_idx=layer_idx, vocab_size=vocab_size)
+        self.output_norm = HeadRMSNorm(n_heads, self.head_dim, cfg.norm_eps, shared=cfg.output_norm_shared)
 
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None) -> torch.Tensor:
         """(B, T, D) -> (B, T, D); with ``cache`` the T tokens follow the cached ones."""
@@ -321,16 +370,21 @@ def attention_factory(config: FixConfig | None = None, **options: Any) -> Callab
     return build
 
 
-def attach_token_gates(model: nn.Module) -> nn.Module:
-    """Give every FiX layer with token gates (layer 0, ``gate_layer0_source='token'``) the token ids of each forward
-    pass of ``model`` (a :class:`TinyLM`, whose first positional argument is ``idx`` (B, T)); returns ``model``."""
-    layers = [m for m in model.modules() if isinstance(m, FiXAttention) and m.token_gates]
+def attach_token_gates(model: nn.Module, *, host: nn.Module | None = None, ids_arg: str = "idx") -> nn.Module:
+    """Give every FiX layer of ``model`` with token gates (layer 0, ``gate_layer0_source='token'``) the token ids of
+    each forward pass of ``host`` (default ``model``); returns ``model``.
+
+    The ids (B, T) are ``host``'s first positional argument or its keyword ``ids_arg``: ``idx`` for a
+    :class:`TinyLM`, ``input_ids`` for a Hugging Face base model. A call without ids (``inputs_embeds``) clears them,
+    so the token gates raise instead of reusing the previous call's ids.
+    """
+    layers = [m for m in model.modules() if isinstance(m, FiXGates) and m.token_gates]
     if layers:
         def hook(module, args, kwargs):
-            idx = args[0] if args else kwargs.get("idx")
+            idx = args[0] if args else kwargs.get(ids_arg)
             for layer in layers:
                 layer.token_ids = idx
-        model.register_forward_pre_hook(hook, with_kwargs=True)
+        (host or model).register_forward_pre_hook(hook, with_kwargs=True)
     return model
 
 
