@@ -1,24 +1,28 @@
-"""FiX (fine-grained forget gates in softmax attention) and its baselines FoX and softmax + RoPE, for TinyLM.
+"""FiX (fine-grained forget gates in softmax attention) and its baselines FoX and softmax + RoPE.
 
-``FixLMConfig`` and ``FixForCausalLM`` (Hugging Face models, registered as "icml26_fix") load lazily from
-``.hf``, so importing the room does not import transformers.
+For TinyLM: the layers, the factory and the kernels. For Hugging Face (when ``transformers`` is installed):
+``FixLMConfig`` / ``FixForCausalLM`` (TinyLM models, type "icml26_fix") and :func:`convert_to_fix`, which turns a
+Llama / Mistral / Qwen2 / Qwen3 causal LM into FiX or FoX attention (types "icml26_fix_llama", ...).
+
+Importing this package registers all of them with ``AutoConfig`` / ``AutoModelForCausalLM``, so a saved model
+reloads with ``AutoModelForCausalLM.from_pretrained(dir)`` after ``import icml26.methods.fix_attention``. That
+import therefore imports transformers when it is installed (about 3 s once); without it the TinyLM parts work alone.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib.util
 
 from .chunked import fix_attention_chunked, fox_attention_chunked
 from .config import FixConfig
 from .layers import FiXAttention, FoXAttention, HeadRMSNorm, attention_factory, build_tiny_lm
 
-__all__ = ["FiXAttention", "FixConfig", "FixForCausalLM", "FixLMConfig", "FoXAttention", "HeadRMSNorm",
-           "attention_factory", "build_tiny_lm", "fix_attention_chunked", "fox_attention_chunked"]
+__all__ = ["FiXAttention", "FixConfig", "FoXAttention", "HeadRMSNorm", "attention_factory", "build_tiny_lm",
+           "fix_attention_chunked", "fox_attention_chunked"]
 
+if importlib.util.find_spec("transformers") is not None:
+    # Registration happens on import: a checkpoint's model_type is only known to transformers once its classes are.
+    from .dropin import convert_to_fix, drop_in_config
+    from .hf import FixForCausalLM, FixLMConfig
 
-def __getattr__(name: str) -> Any:
-    if name in ("FixLMConfig", "FixForCausalLM"):
-        from . import hf
-
-        return getattr(hf, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    __all__ += ["FixForCausalLM", "FixLMConfig", "convert_to_fix", "drop_in_config"]

@@ -57,6 +57,20 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# Logit offset of a masked key. Finite, so 0 * offset stays 0 in the backward pass; far below any real logit, so
+# exp(offset + s - max) is exactly 0 in float32 and float64 whenever a row has one unmasked key.
+MASKED_LOGIT = -1e30
+
+
+def _key_mask_column(key_mask: torch.Tensor, b: int, n_keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, n_keys) bool, True = attend -> (B, 1, n_keys, 1) logit offsets 0 / ``MASKED_LOGIT`` in ``dtype``."""
+    if key_mask.dtype != torch.bool or key_mask.shape != (b, n_keys):
+        raise ValueError(f"key_mask must be a bool tensor of shape (batch, cached + new keys) = {(b, n_keys)}, got "
+                         f"{key_mask.dtype} {tuple(key_mask.shape)}")
+    zero = torch.zeros((), dtype=dtype, device=key_mask.device)
+    return torch.where(key_mask, zero, MASKED_LOGIT).to(dtype)[:, None, :, None]
+
+
 def _plan(t: int, n_pre: int, leaf: int, max_block_scores: int, max_rows: int) -> int:
     """Super-block rows R = leaf * 2^L: the largest that is at most ``max_rows``, whose padding adds at most 1/8 to
     T (or one leaf) and whose score rows fit ``max_block_scores`` per (batch, head)."""
@@ -332,6 +346,7 @@ def _early_inputs(k, v, log_f, pre_k, pre_v, s0: int) -> tuple[torch.Tensor | No
 def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor, *,
                           prefix_k: torch.Tensor | None = None, prefix_v: torch.Tensor | None = None,
                           scale: float | None = None, chunk_size: int = 4, return_state: bool = False,
+                          key_mask: torch.Tensor | None = None,
                           max_block_scores: int = MAX_BLOCK_SCORES, max_block_rows: int = MAX_BLOCK_ROWS,
                           ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fine-grained forgetting attention before the output norm (see module docstring).
@@ -346,6 +361,10 @@ def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
         chunk_size: leaf size C of the dyadic tree (clipped to T); element-wise work grows with C, matmul
             efficiency with it too (4 was fastest on CPU for T = 1024, d = 64).
         return_state: also return the updated value cache.
+        key_mask: (B, P + T) bool, False for keys no query may attend to (padding), or None. Give padding positions
+            log f = 0 as well, so that they decay nothing. Folded into the dot product like FoX's bias:
+            q~ = [q, 1 / scale], k~ = [k, 0 or ``MASKED_LOGIT``], exact for every row with an unmasked key (a row
+            whose keys are all masked, a padding query, gets finite values that nothing should read).
         max_block_scores: attention scores per (batch, head) held at once; bounds the super-block size.
         max_block_rows: the largest super-block (rows), a speed setting (see ``MAX_BLOCK_ROWS``).
     Returns:
@@ -359,6 +378,13 @@ def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
     out_dtype, cache_dtype = q.dtype, v.dtype
     cdt = _compute_dtype(q.dtype)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if key_mask is not None:
+        n_pre = 0 if prefix_k is None else prefix_k.shape[2]
+        offsets = _key_mask_column(key_mask, b, n_pre + t, cdt).expand(b, h, n_pre + t, 1)
+        q = torch.cat((q.to(cdt), torch.full((b, h, t, 1), 1.0 / scale, dtype=cdt, device=q.device)), dim=-1)
+        k = torch.cat((k.to(cdt), offsets[:, :, n_pre:]), dim=-1)
+        if prefix_k is not None:
+            prefix_k = torch.cat((prefix_k.to(cdt), offsets[:, :, :n_pre]), dim=-1)
     if t == 1 and prefix_k is not None:
         # One decode step: decay the cache by f_t, append v_t, and the output is plain attention over it.
         state = torch.cat((prefix_v.to(cdt) * log_f.to(cdt).exp(), v.to(cdt)), dim=2)
@@ -385,7 +411,7 @@ def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
 
 
 def fox_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor, *,
-                          scale: float | None = None) -> torch.Tensor:
+                          scale: float | None = None, key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Forgetting attention (FoX) with the queries at the last Tq of Tk positions (Tq = Tk without a cache).
 
     The decay bias is folded into the dot product: with q~_i = [scale q_i, Lambda_i, 1] and k~_j = [k_j, 1, -Lambda_j],
@@ -396,6 +422,8 @@ def fox_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
     Args:
         q: (B, H, Tq, d); k: (B, H, Tk, d); v: (B, H, Tk, dv) (cached keys first, RoPE already applied).
         log_f: (B, H, Tk) log forget gates of every key position, float32 as in the official code.
+        key_mask: (B, Tk) bool, False for keys no query may attend to (padding), or None; it adds ``MASKED_LOGIT``
+            to k~'s last column. Give padding positions log f = 0 as well, so that they decay nothing.
     Returns:
         (B, H, Tq, dv) in q's dtype.
     """
@@ -405,7 +433,8 @@ def fox_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
     lam = log_f.to(cdt).cumsum(-1).unsqueeze(-1)   # one cumulative sum, as in the official kernel
     ones = torch.ones_like(lam)
     q_aug = torch.cat((q.to(cdt) * scale, lam[:, :, tk - tq:], ones[:, :, tk - tq:]), dim=-1)
-    k_aug = torch.cat((k.to(cdt), ones, -lam), dim=-1)
+    key_col = -lam if key_mask is None else _key_mask_column(key_mask, k.shape[0], tk, cdt) - lam
+    k_aug = torch.cat((k.to(cdt), ones, key_col), dim=-1)
     v_aug = F.pad(v.to(cdt), (0, q_aug.shape[-1] - dv))
     if tq == tk:
         out = F.scaled_dot_product_attention(q_aug, k_aug, v_aug, is_causal=True, scale=1.0)

@@ -19,12 +19,15 @@ import math
 import torch
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, scale: float | None,
-            rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores (B, H, R, T) of the query rows ``rows`` (R,) and the causal mask (R, T), True where j <= i."""
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float | None, rows: torch.Tensor,
+            key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores (B, H, R, T) of the query rows ``rows`` (R,) and the mask, True where j <= i and key j is not masked:
+    (R, T), or (B, 1, R, T) with ``key_mask`` (B, T) bool."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = q[:, :, rows] @ k.transpose(-1, -2) * scale
     mask = torch.arange(k.shape[2], device=q.device)[None, :] <= rows[:, None]
+    if key_mask is not None:
+        mask = mask & key_mask[:, None, None, :]
     return scores, mask
 
 
@@ -41,39 +44,44 @@ def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def fox_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor, *,
-                            scale: float | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+                            scale: float | None = None, rows: torch.Tensor | None = None,
+                            key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Forgetting attention (FoX): the decay bias D_ij = Lambda_i - Lambda_j is added to the scores.
 
     Args:
         log_f: (B, H, T), log f_t <= 0 per head.
+        key_mask: (B, T) bool, False for keys no query attends to (padding).
     Returns:
         (B, H, R, dv).
     """
     rows = _rows(q, rows)
-    scores, mask = _scores(q, k, scale, rows)
+    scores, mask = _scores(q, k, scale, rows, key_mask)
     lam = log_f.cumsum(-1)
     bias = lam[:, :, rows, None] - lam[:, :, None, :]
     return (scores + bias).masked_fill(~mask, float("-inf")).softmax(-1) @ v
 
 
 def fix_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor, *,
-                            scale: float | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+                            scale: float | None = None, rows: torch.Tensor | None = None,
+                            key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Fine-grained forgetting attention before the output norm: u_i = sum_j a_ij exp(Lambda_i - Lambda_j) (.) v_j.
 
     Materialises the (B, H, R, T, dv) decay tensor, so keep shapes small.
 
     Args:
         log_f: (B, H, T, dv) per-channel log gates, or (B, H, T, 1) for gates tied across the channels of a head.
+        key_mask: (B, T) bool, False for keys no query attends to (padding); their log f should be 0.
     Returns:
-        u: (B, H, R, dv), with a_ij = softmax_j(s_ij) the plain causal attention weights.
+        u: (B, H, R, dv), with a_ij = softmax_j(s_ij) the causal attention weights over the unmasked keys.
     """
     rows = _rows(q, rows)
-    scores, mask = _scores(q, k, scale, rows)
+    scores, mask = _scores(q, k, scale, rows, key_mask)
     weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
     lam = log_f.cumsum(2)
     log_decay = lam[:, :, rows, None, :] - lam[:, :, None, :, :]
     # Positions j > i have a positive exponent that may overflow; they are masked before the exp.
-    decay = log_decay.masked_fill(~mask[None, None, :, :, None], float("-inf")).exp()
+    causal = torch.arange(k.shape[2], device=q.device)[None, :] <= rows[:, None]
+    decay = log_decay.masked_fill(~causal[None, None, :, :, None], float("-inf")).exp()
     return (weights[..., None] * decay * v[:, :, None]).sum(3)
 
 
