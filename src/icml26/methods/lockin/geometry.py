@@ -1,15 +1,16 @@
 """Curvature and subspace operations on flattened parameters: the matrix-free (fast) side of the probes.
 
 Every function works on a flat view of a parameter list: ``P`` is the total number of entries. A loss callable
-has the signature ``loss_fn(model, batch) -> scalar tensor`` and a batch is a tuple of tensors whose leading
-dimension indexes examples (so it can be split into per-example batches). ``reference.py`` holds the dense
+has the signature ``loss_fn(model, batch) -> scalar tensor``; a batch is a tensor, a tuple of tensors or a dict of
+tensors (a Hugging Face batch: ``input_ids``, ``attention_mask``, ``labels``, each (N, T)) whose leading dimension
+indexes examples, so that it can be split into per-example batches. ``reference.py`` holds the dense
 versions (explicit Hessian, Fisher and projectors) that the tests compare against.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -47,14 +48,50 @@ def write_flat(params: Sequence[torch.Tensor], vector: torch.Tensor) -> None:
         p.copy_(chunk)
 
 
-def split_examples(batch: Any) -> list[tuple]:
-    """A batch (tensor or tuple of tensors with a common leading dimension N) as N single-example batches."""
-    parts = batch if isinstance(batch, (tuple, list)) else (batch,)
+def _example_tensors(batch: Any) -> list[torch.Tensor] | None:
+    """The tensors of a batch that carry the example dimension, or None for a batch we cannot look into."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, Mapping):  # HF batches: dict or BatchEncoding of (N, T) tensors; scalars pass through
+        return [v for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    if isinstance(batch, (tuple, list)):
+        return list(batch)
+    return None
+
+
+def batch_size(batch: Any) -> int | None:
+    """Number of examples N in a batch: a tensor (N, ...), a tuple/list of tensors (N, ...) or a mapping (an HF
+    dict batch) whose tensor values are (N, ...). None for any other object (the loss callable owns its meaning).
+
+    Raises ValueError when the tensors disagree on N, when a tuple holds a non-tensor, or when the batch holds no
+    tensor at all (an empty tuple or dict)."""
+    parts = _example_tensors(batch)
+    if parts is None:
+        return None
+    if not parts:
+        raise ValueError(f"the batch ({type(batch).__name__}) holds no tensor with an example dimension: it is empty")
+    if any(not isinstance(t, torch.Tensor) or t.dim() == 0 for t in parts):
+        raise TypeError("a tuple/list batch must hold tensors whose leading dimension indexes examples")
     n = parts[0].shape[0]
     if any(t.shape[0] != n for t in parts):
-        raise ValueError("every tensor of a batch needs the same leading (example) dimension")
-    return [tuple(t[i:i + 1] for t in parts) if isinstance(batch, (tuple, list)) else parts[0][i:i + 1]
-            for i in range(n)]
+        raise ValueError(f"every tensor of a batch needs the same leading (example) dimension, got "
+                         f"{[t.shape[0] for t in parts]}")
+    return int(n)
+
+
+def split_examples(batch: Any) -> list[Any]:
+    """A batch as N single-example batches of the same form: tensor slices (1, ...), tuples of them, or dicts whose
+    tensor values are sliced (non-tensor and 0-d values are shared by every example)."""
+    n = batch_size(batch)
+    if n is None:
+        raise TypeError(f"cannot split a {type(batch).__name__} into examples: the Fisher probes need a tensor, a "
+                        "tuple/list of tensors or a dict of tensors whose leading dimension indexes examples")
+    if isinstance(batch, torch.Tensor):
+        return [batch[i:i + 1] for i in range(n)]
+    if isinstance(batch, Mapping):
+        return [{k: v[i:i + 1] if isinstance(v, torch.Tensor) and v.dim() > 0 else v for k, v in batch.items()}
+                for i in range(n)]
+    return [tuple(t[i:i + 1] for t in batch) for i in range(n)]
 
 
 def loss_and_grad(model: nn.Module, loss_fn: LossFn, batch: Any, params: Sequence[torch.Tensor],
