@@ -44,6 +44,9 @@ def anchored_key(name: str) -> str:
 def exact_target_regex(names: Iterable[str]) -> str:
     """One regex that peft and :func:`icml26.core.adapters.find_target_modules` full-match against module names,
     selecting exactly ``names`` (a suffix list would let ``"0"`` also select ``"blocks.1.0"``)."""
+    names = list(names)
+    if not names:
+        raise ValueError("exact_target_regex needs at least one module name (an empty list would select nothing)")
     return "(?:" + "|".join(re.escape(n) for n in names) + ")"
 
 
@@ -72,6 +75,15 @@ def allocate_ranks(proportions: list[float], costs: list[int], budget: int, lowe
     m = len(proportions)
     if not (len(costs) == len(lower) == len(upper) == m) or m == 0:
         raise ValueError("proportions, costs, lower and upper must be non-empty and of equal length")
+    if not _is_int(budget) or budget <= 0:
+        raise ValueError(f"budget must be a positive int (LoRA parameters to spend), got {budget!r}")
+    for what, values in (("lower", lower), ("upper", upper)):
+        if any(not _is_int(v) or v < 0 for v in values):
+            raise ValueError(f"{what} rank bounds must be ints >= 0, got {list(values)}")
+    if any(not _is_int(c) or c <= 0 for c in costs):
+        raise ValueError(f"costs must be positive ints (d_in + d_out per unit of rank), got {list(costs)}")
+    if any(not (isinstance(p, (int, float)) and math.isfinite(p) and p >= 0) for p in proportions):
+        raise ValueError(f"proportions must be finite numbers >= 0, got {list(proportions)}")
     pi = np.asarray(proportions, dtype=np.float64)
     c = np.asarray(costs, dtype=np.int64)
     lo = np.asarray(lower, dtype=np.int64)
@@ -112,6 +124,21 @@ def allocate_ranks(proportions: list[float], costs: list[int], budget: int, lowe
     if gap > 0 and max_shift > 0:
         ranks = _close_gap(ranks, target, c, lo, hi, gap, max_shift)
     return [int(r) for r in ranks], [float(t) for t in target]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_rank_map(ranks: Mapping[str, int], modules: Iterable[str] | None = None) -> None:
+    """ValueError unless ``ranks`` maps module names to ints >= 0 (and, given ``modules``, names only those)."""
+    bad = {n: r for n, r in ranks.items() if not _is_int(r) or r < 0}
+    if bad:
+        raise ValueError(f"ranks must be ints >= 0 (0 = module not adapted); got {dict(list(bad.items())[:5])}")
+    if modules is not None:
+        unknown = sorted(set(ranks) - set(modules))
+        if unknown:
+            raise ValueError(f"ranks name module(s) that are not in the plan: {unknown[:5]}")
 
 
 def _close_gap(ranks: np.ndarray, target: np.ndarray, c: np.ndarray, lo: np.ndarray, hi: np.ndarray,
@@ -200,12 +227,13 @@ class RankPlan:
         self.shapes = shapes
         if not isinstance(self.r_min, int) or isinstance(self.r_min, bool) or self.r_min < 0:
             raise ValueError(f"r_min must be an int >= 0, got {self.r_min!r}")
-        if self.r_max is not None and (not isinstance(self.r_max, int) or self.r_max < max(self.r_min, 1)):
+        if self.r_max is not None and (not _is_int(self.r_max) or self.r_max < max(self.r_min, 1)):
             raise ValueError(f"r_max must be None or an int >= max(r_min, 1), got {self.r_max!r}")
         if self.alpha_mode not in ALPHA_MODES:
             raise ValueError(f"alpha_mode must be one of {ALPHA_MODES}, got {self.alpha_mode!r}")
-        if not (isinstance(self.alpha_ratio, (int, float)) and self.alpha_ratio > 0):
-            raise ValueError(f"alpha_ratio must be > 0, got {self.alpha_ratio!r}")
+        if not (isinstance(self.alpha_ratio, (int, float)) and math.isfinite(self.alpha_ratio)
+                and self.alpha_ratio > 0):
+            raise ValueError(f"alpha_ratio must be a positive finite number, got {self.alpha_ratio!r}")
 
     # -- budgets -------------------------------------------------------------------------------------------------
     @property
@@ -223,6 +251,7 @@ class RankPlan:
 
     def num_params(self, ranks: Mapping[str, int]) -> int:
         """LoRA parameters of a rank assignment (DoRA adds d_out per adapted module on top)."""
+        _check_rank_map(ranks, self.modules)
         return sum(int(ranks[n]) * self.cost(n) for n in self.modules)
 
     def _budget(self, mean_rank: float | None, total_params: int | None) -> tuple[int, float]:
@@ -249,6 +278,12 @@ class RankPlan:
         budget, _ = self._budget(mean_rank, total_params)
         r_min = self.r_min if r_min is None else r_min
         r_max = self.r_max if r_max is None else r_max
+        if not _is_int(r_min) or r_min < 0:
+            raise ValueError(f"r_min must be an int >= 0, got {r_min!r}")
+        if r_max is not None and (not _is_int(r_max) or r_max < max(r_min, 1)):
+            raise ValueError(f"r_max must be None or an int >= max(r_min, 1) = {max(r_min, 1)}, got {r_max!r}")
+        if not _is_int(max_shift) or max_shift < 0:
+            raise ValueError(f"max_shift must be an int >= 0, got {max_shift!r}")
         upper = [min(min(self.shapes[n]), r_max if r_max is not None else math.inf) for n in self.modules]
         lower = [min(r_min, u) for u in upper]
         ranks, _ = allocate_ranks([self.proportions[n] for n in self.modules],
@@ -258,6 +293,7 @@ class RankPlan:
 
     def alphas_for(self, ranks: Mapping[str, int], mean_rank: float) -> dict[str, float]:
         """alpha_m per adapted module: alpha_ratio * r_m ('proportional') or alpha_ratio * mean_rank ('constant')."""
+        _check_rank_map(ranks, self.modules)
         if self.alpha_mode == "proportional":
             return {n: float(self.alpha_ratio * r) for n, r in ranks.items() if r > 0}
         return {n: float(self.alpha_ratio * mean_rank) for n, r in ranks.items() if r > 0}
@@ -265,6 +301,7 @@ class RankPlan:
     # -- export --------------------------------------------------------------------------------------------------
     def rank_pattern(self, ranks: Mapping[str, int]) -> dict[str, int]:
         """``{anchored module name: rank}`` for every adapted module (peft's and AdapterConfig's key rule)."""
+        _check_rank_map(ranks, self.modules)
         return {anchored_key(n): int(r) for n, r in ranks.items() if r > 0}
 
     def _deployment(self, mean_rank: float | None, total_params: int | None):
@@ -364,6 +401,7 @@ def check_ranks(model: nn.Module, ranks: Mapping[str, int], alphas: Mapping[str,
 
     Works after ``peft.get_peft_model`` (LoRA and DoRA layers) and after ``inject_adapters``.
     """
+    _check_rank_map(ranks)
     found = adapted_ranks(model, adapter_name)
     wanted = {n: int(r) for n, r in ranks.items() if r > 0}
     problems = []

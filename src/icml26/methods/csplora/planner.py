@@ -121,6 +121,25 @@ class ProbeScores:
     seconds: float
     importance: str
 
+    def __post_init__(self) -> None:
+        """Refuse scores a plan cannot be made from, naming the culprits: a NaN/inf score would otherwise drop out
+        of the softmax (or, everywhere, turn into the flat plan) and silently give a wrong or uniform plan."""
+        if not self.names:
+            raise ValueError("the probe scored no module: target_modules selected an empty module list")
+        n_modules = len(self.names)
+        if self.per_sample.dim() != 2 or self.per_sample.shape[1] != n_modules:
+            raise ValueError(f"per_sample must be (N, M) with M = {n_modules} modules, got {tuple(self.per_sample.shape)}")
+        if self.per_sample.shape[0] == 0:
+            raise ValueError("the probe saw 0 samples: give it at least one non-empty batch")
+        if self.confidence.shape != (self.per_sample.shape[0],):
+            raise ValueError(f"confidence must be (N,) = ({self.per_sample.shape[0]},), got {tuple(self.confidence.shape)}")
+        _check_finite_importance(self.names, self.per_sample)
+        for what, values in (("confidence", self.confidence), ("entropy", self.entropy)):
+            if values is not None and not bool(torch.isfinite(values).all()):
+                samples = torch.nonzero(~torch.isfinite(values)).flatten().tolist()
+                raise ValueError(f"non-finite {what} for probe sample(s) {samples[:10]}: the model's outputs are NaN "
+                                 "or inf there; no plan was made")
+
     def plan(self, config: CSPLoRAConfig, **metadata: Any) -> RankPlan:
         """The plan for ``config`` (its ``importance`` must match the probe's)."""
         if config.importance != self.importance:
@@ -129,6 +148,7 @@ class ProbeScores:
         raw = (w[:, None] * self.per_sample).mean(0)
         numel = torch.tensor([self.shapes[n][0] * self.shapes[n][1] for n in self.names], dtype=torch.float64)
         score = raw / numel ** {"none": 0.0, "sqrt": 0.5, "numel": 1.0}[config.size_norm]
+        _check_finite_importance(self.names, score[None])  # scores edited after the probe, or an overflow
         proportions = _proportions(score, config.kappa)
         ess = float(w.sum() ** 2 / (w ** 2).sum())
         info = {
@@ -142,9 +162,20 @@ class ProbeScores:
                         alpha_ratio=config.alpha_ratio, metadata=info)
 
 
+def _check_finite_importance(names: Sequence[str], values: torch.Tensor) -> None:
+    """ValueError naming every module whose column of ``values`` (N, M) holds a NaN or inf."""
+    bad = [n for n, ok in zip(names, torch.isfinite(values).all(0).tolist()) if not ok]
+    if bad:
+        raise ValueError(f"non-finite importance (NaN or inf in the probe's gradient statistics) for {len(bad)} "
+                         f"module(s): {bad[:10]}. The probe loss or its gradients are NaN or overflowed (check the "
+                         "model's weights, the probe batches and the dtype); no plan was made")
+
+
 def _proportions(score: torch.Tensor, kappa: float) -> torch.Tensor:
     """pi = score^kappa / sum score^kappa, computed in log space so kappa >> 1 cannot overflow; kappa = 0 (and an
     all-zero score) gives the flat plan."""
+    if not bool(torch.isfinite(score).all()):
+        raise ValueError(f"module scores must be finite to make a plan, got {score.tolist()}")
     if kappa == 0 or not bool((score > 0).any()):
         return torch.full_like(score, 1.0 / len(score))
     logs = torch.where(score > 0, kappa * score.clamp_min(1e-300).log(), torch.full_like(score, -math.inf))
@@ -175,6 +206,8 @@ def per_sample_scores(model: nn.Module, batch: Any, probe_fn: ProbeFn, names: Se
     output, and a module called several times sums its calls. Only the target weights are switched to
     requires_grad during the call (restored after); no parameter gradient is written (.grad stays untouched).
     """
+    if len(names) == 0:
+        raise ValueError("names is empty: CSPLoRA needs at least one target module to score")
     modules = [model.get_submodule(n) for n in names]
     for name, module in zip(names, modules):
         if not isinstance(module, nn.Linear):
@@ -193,6 +226,7 @@ def per_sample_scores(model: nn.Module, batch: Any, probe_fn: ProbeFn, names: Se
             m.weight.requires_grad_(True)
         with torch.enable_grad():
             out = probe_fn(model, batch)
+            _check_probe_output(out)
             outputs = [o for rec in records for _, o in rec]
             grads = torch.autograd.grad(out.loss.sum(), outputs, allow_unused=True)
     finally:
@@ -221,6 +255,21 @@ def per_sample_scores(model: nn.Module, batch: Any, probe_fn: ProbeFn, names: Se
     return scores, detached
 
 
+def _check_probe_output(out: ProbeOutput) -> None:
+    """A probe function must return per-sample (B,) losses and confidences for a non-empty batch."""
+    if not isinstance(out, ProbeOutput):
+        raise TypeError(f"the probe function must return a ProbeOutput, got {type(out).__name__}")
+    if out.loss.dim() != 1:
+        raise ValueError(f"ProbeOutput.loss must hold one loss per sample, shape (B,), got {tuple(out.loss.shape)} "
+                         "(a batch-mean loss cannot be split into per-sample importances)")
+    if out.loss.shape[0] == 0:
+        raise ValueError("the probe batch is empty (0 samples)")
+    for what in ("confidence", "entropy"):
+        value = getattr(out, what)
+        if value is not None and value.shape != out.loss.shape:
+            raise ValueError(f"ProbeOutput.{what} must be (B,) = {tuple(out.loss.shape)}, got {tuple(value.shape)}")
+
+
 class CSPLoRAPlanner:
     """Probe a model once and produce a :class:`RankPlan` (module -> proportion) for any budget and backend.
 
@@ -238,6 +287,8 @@ class CSPLoRAPlanner:
     def score(self, model: nn.Module, batches: Iterable[Any], probe_fn: ProbeFn,
               target_modules: Sequence[str] | str) -> ProbeScores:
         """Run the probe: per-sample module scores and confidences on every batch (model in eval mode)."""
+        if not target_modules:
+            raise ValueError(f"target_modules is empty ({target_modules!r}): name at least one module to plan")
         names = find_target_modules(model, target_modules)
         shapes = {n: (model.get_submodule(n).in_features, model.get_submodule(n).out_features) for n in names}
         was_training = model.training
