@@ -344,3 +344,21 @@ def test_readme_drop_in_snippet_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(block, "README drop-in snippet", "exec"), {})
     assert (tmp_path / "fix-llama" / "config.json").exists()
+
+
+def test_plain_host_checkpoint_loads_into_the_fix_class_with_initialised_gates(tmp_path):
+    """``FixLlamaForCausalLM.from_pretrained(llama_dir)``: host weights loaded as they are, gates that the checkpoint
+    lacks drawn by the gate's own init (A in (0, 16], softplus(dt_bias) in [1e-3, 1e-1]), not left empty."""
+    host = _host()
+    host.save_pretrained(tmp_path)
+    model = FixLlamaForCausalLM.from_pretrained(tmp_path)
+    assert model.config.fix_attention["attention"] == "fix"
+    for name, p in host.named_parameters():
+        torch.testing.assert_close(model.get_parameter(name), p, rtol=0, atol=0)
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        a, dt = attn.A_log.exp(), torch.nn.functional.softplus(attn.dt_bias)
+        assert (a > 0).all() and (a <= 16).all() and (dt >= 0.99e-3).all() and (dt <= 0.101).all()
+        bound = attn.gate_up.in_features ** -0.5
+        assert attn.gate_up.weight.abs().max() <= bound and attn.gate_up.weight.std() > bound / 4
+    assert torch.isfinite(model(_tokens(1, 6)).logits).all()

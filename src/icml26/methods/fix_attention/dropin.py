@@ -237,6 +237,17 @@ class _DropInAttention(nn.Module):
             o = o * torch.sigmoid(self.ogate_proj(x))
         return self.o_proj(o), None
 
+    def _fresh_gates(self) -> nn.Module:
+        """A new holder of this layer's gate parameters, freshly initialised (for gates a checkpoint lacks)."""
+        holder = nn.Module()
+        holder.cfg = self.cfg
+        if self.variant == "fix":
+            FiXGates._init_fix_gates(holder, self.hidden_size, self.num_key_value_heads, self.head_dim,
+                                     layer_idx=self.layer_idx, vocab_size=self.config.vocab_size)
+        else:
+            FoXGates._init_fox_gates(holder, self.hidden_size, self.num_heads)
+        return holder
+
     def _gate_device_dtype(self) -> None:
         """Move the parameters this layer added (gates, norms) to the device and dtype of the host's projections."""
         ref = next(self.q_proj.parameters(), None)
@@ -319,6 +330,27 @@ def _convert_layers(model: PreTrainedModel, config: PreTrainedConfig, cfg: FixCo
     attach_token_gates(model, host=model.model, ids_arg="input_ids")
 
 
+def _init_missing_gates(model: PreTrainedModel, missing: set[str]) -> None:
+    """Initialise the attention parameters named in ``missing`` as a new drop-in layer would (gates: their own
+    init; output norm: 1; output gate: N(0, 0.02))."""
+    for i, layer in enumerate(model.model.layers):
+        prefix = f"model.layers.{i}.self_attn."
+        names = {key[len(prefix):] for key in missing if key.startswith(prefix)}
+        if not names:
+            continue
+        attn = layer.self_attn
+        fresh = dict(attn._fresh_gates().named_parameters())
+        with torch.no_grad():
+            for name in names:
+                target = attn.get_parameter(name)
+                if name in fresh:
+                    target.copy_(fresh[name])
+                elif name.startswith("output_norm."):
+                    target.fill_(1.0)
+                elif name.startswith("ogate_proj."):
+                    target.normal_(0.0, 0.02)
+
+
 def _stored_options(cfg: FixConfig) -> dict[str, Any]:
     """A JSON-ready FixConfig (tuples as lists)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}
@@ -346,9 +378,18 @@ def _derive(base_config: type[PreTrainedConfig], base_model: type[PreTrainedMode
         options = dict(config.fix_attention)
         _convert_layers(self, config, drop_in_config(options.pop("attention"), **options))
 
+    def from_pretrained(cls, *args: Any, **kwargs: Any):
+        # A plain host checkpoint (no gates) loads too: transformers leaves the gate parameters it lacks to the
+        # host's _init_weights, which knows nothing of them, so they get the gate's own initialisation here.
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = base_model.from_pretrained.__func__(cls, *args, output_loading_info=True, **kwargs)
+        _init_missing_gates(model, set(info.get("missing_keys", ())))
+        return (model, info) if want_info else model
+
     model_cls = type(f"Fix{name}ForCausalLM", (base_model,), {
         "__module__": __name__, "__qualname__": f"Fix{name}ForCausalLM", "config_class": config_cls,
-        "__init__": model_init, "_supports_flex_attn": False, "_can_compile_fullgraph": False,
+        "__init__": model_init, "from_pretrained": classmethod(from_pretrained), "_supports_flex_attn": False,
+        "_can_compile_fullgraph": False,
         "__doc__": f"A {base_model.__name__} with FiX or FoX attention (see :func:`convert_to_fix`)."})
     return config_cls, model_cls
 
