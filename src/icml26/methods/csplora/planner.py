@@ -128,11 +128,13 @@ class ProbeScores:
             raise ValueError("the probe scored no module: target_modules selected an empty module list")
         n_modules = len(self.names)
         if self.per_sample.dim() != 2 or self.per_sample.shape[1] != n_modules:
-            raise ValueError(f"per_sample must be (N, M) with M = {n_modules} modules, got {tuple(self.per_sample.shape)}")
+            raise ValueError(f"per_sample must be (N, M) with M = {n_modules} modules, "
+                             f"got {tuple(self.per_sample.shape)}")
         if self.per_sample.shape[0] == 0:
             raise ValueError("the probe saw 0 samples: give it at least one non-empty batch")
         if self.confidence.shape != (self.per_sample.shape[0],):
-            raise ValueError(f"confidence must be (N,) = ({self.per_sample.shape[0]},), got {tuple(self.confidence.shape)}")
+            raise ValueError(f"confidence must be (N,) = ({self.per_sample.shape[0]},), "
+                             f"got {tuple(self.confidence.shape)}")
         _check_finite_importance(self.names, self.per_sample)
         for what, values in (("confidence", self.confidence), ("entropy", self.entropy)):
             if values is not None and not bool(torch.isfinite(values).all()):
