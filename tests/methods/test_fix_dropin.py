@@ -362,3 +362,6 @@ def test_plain_host_checkpoint_loads_into_the_fix_class_with_initialised_gates(t
         bound = attn.gate_up.in_features ** -0.5
         assert attn.gate_up.weight.abs().max() <= bound and attn.gate_up.weight.std() > bound / 4
     assert torch.isfinite(model(_tokens(1, 6)).logits).all()
+    fox = FixLlamaForCausalLM.from_pretrained(tmp_path, fix_attention={"attention": "fox", "fgate_type": "none"})
+    assert isinstance(fox.model.layers[0].self_attn, FoXDropInAttention) and fox.config.fix_attention["rope"] is True
+    assert_close("plain checkpoint as gate-free FoX", host(_tokens(1, 6)).logits, fox(_tokens(1, 6)).logits, 1e-5)

@@ -376,7 +376,10 @@ def _derive(base_config: type[PreTrainedConfig], base_model: type[PreTrainedMode
     def model_init(self, config: PreTrainedConfig) -> None:
         base_model.__init__(self, config)
         options = dict(config.fix_attention)
-        _convert_layers(self, config, drop_in_config(options.pop("attention"), **options))
+        cfg = drop_in_config(options.pop("attention", "fix"), **options)
+        # from_pretrained(..., fix_attention=...) sets the field after the config validated it: store it complete.
+        config.fix_attention = _stored_options(cfg)
+        _convert_layers(self, config, cfg)
 
     def from_pretrained(cls, *args: Any, **kwargs: Any):
         # A plain host checkpoint (no gates) loads too: transformers leaves the gate parameters it lacks to the

@@ -4,11 +4,12 @@
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(FixLMConfig(d_model=128, n_layers=4, attention="fix"))
-    model.save_pretrained("out"); AutoModelForCausalLM.from_pretrained("out")   # after importing this module
+    model.save_pretrained("out"); AutoModelForCausalLM.from_pretrained("out")   # after importing the room
 
 Every :class:`~icml26.methods.fix_attention.config.FixConfig` field is a config field of the same name, except two
 that TinyLM's config already owns: the attention output-norm eps is ``attention_norm_eps`` (``norm_eps`` is TinyLM's
-block norm) and RoPE uses TinyLM's ``rope_base``. Importing this module registers the pair (it needs transformers).
+block norm) and RoPE uses TinyLM's ``rope_base``. Importing this module registers the pair (it needs transformers);
+``import icml26.methods.fix_attention`` imports it whenever transformers is installed.
 """
 
 from __future__ import annotations
