@@ -26,8 +26,8 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, M
                           TrainingArguments)
 
 from icml26.core.testing import assert_close, tiny_tensor  # noqa: E402
-from icml26.methods.fix_attention import (FiXAttention, FoXAttention, convert_to_fix, fix_attention_chunked,  # noqa: E402
-                                          fox_attention_chunked)
+from icml26.methods.fix_attention import (FiXAttention, FoXAttention, convert_to_fix,  # noqa: E402
+                                          fix_attention_chunked, fox_attention_chunked)
 from icml26.methods.fix_attention.dropin import (FiXDropInAttention, FixLlamaForCausalLM,  # noqa: E402
                                                  FoXDropInAttention, ForgetGateCacheLayer)
 from icml26.methods.fix_attention.reference import (fix_attention_reference, fox_attention_reference,  # noqa: E402

@@ -163,7 +163,8 @@ def _key_mask(attention_mask: Any, b: int, n_keys: int) -> torch.Tensor | None:
         last = attention_mask[:, 0, -1, :]
         valid = last if last.dtype == torch.bool else last > torch.finfo(last.dtype).min / 2
     else:
-        raise ValueError(f"attention mask must be (B, keys) or (B, 1, queries, keys), got {tuple(attention_mask.shape)}")
+        raise ValueError(f"attention mask must be (B, keys) or (B, 1, queries, keys), "
+                         f"got {tuple(attention_mask.shape)}")
     if valid.shape[-1] != n_keys:
         raise ValueError(f"attention mask covers {valid.shape[-1]} keys but the layer has {n_keys} (cached + new); "
                          "FiX/FoX need a dynamic cache and a mask over every key")
@@ -367,7 +368,8 @@ def _derive(base_config: type[PreTrainedConfig], base_model: type[PreTrainedMode
         self.fix_attention = _stored_options(drop_in_config(variant, **options))
 
     config_cls = type(f"Fix{name}Config", (base_config,), {
-        "__module__": __name__, "__qualname__": f"Fix{name}Config", "model_type": f"icml26_fix_{base_config.model_type}",
+        "__module__": __name__, "__qualname__": f"Fix{name}Config",
+        "model_type": f"icml26_fix_{base_config.model_type}",
         "__annotations__": {"fix_attention": "dict | None"}, "fix_attention": None,
         "__post_init__": config_post_init,
         "__doc__": f"A {base_config.__name__} whose attention is FiX or FoX; ``fix_attention`` holds the FixConfig "
@@ -446,7 +448,8 @@ def convert_to_fix(model: PreTrainedModel, variant: str = "fix", **options: Any)
         Either is raised before the model is changed.
     """
     if isinstance(model, tuple(pair[1] for pair in CONVERTED.values())):
-        raise TypeError(f"{type(model).__name__} is already converted (its attention is {model.config.fix_attention['attention']!r})")
+        variant = model.config.fix_attention["attention"]
+        raise TypeError(f"{type(model).__name__} is already converted (its attention is {variant!r})")
     pair = CONVERTED.get(type(model))
     if pair is None:
         names = ", ".join(cls.__name__ for cls in CONVERTED)
