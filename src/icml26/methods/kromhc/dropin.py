@@ -107,14 +107,18 @@ def identity_equivalent_init_(layer: HyperConnection) -> HyperConnection:
     return layer
 
 
-def _build_hyper_connections(options: dict[str, Any], dim: int, layer_idx: int) -> tuple[HyperConnection, ...]:
-    """The (attention, MLP) wrappers of decoder layer ``layer_idx``, built on the CPU in float32 without a branch."""
+def _build_hyper_connections(options: dict[str, Any], dim: int, layer_idx: int,
+                             dtype: torch.dtype = torch.float32) -> tuple[HyperConnection, ...]:
+    """The (attention, MLP) wrappers of decoder layer ``layer_idx``, built on the CPU in ``dtype`` without a branch.
+
+    The identity init is set after the cast, so its logits are those of ``dtype`` (float32-rounded logits would
+    leave sum H_pre = 1 + 1e-8 in a float64 model)."""
     cfg = HyperConnectionConfig(**{k: v for k, v in options.items() if k != "init"})
     residual = HyperResidual.from_config(cfg, dim)   # its home-stream rule: sub-layers 2i and 2i + 1
     # Explicitly on the CPU: from_pretrained builds the model under a meta-device context, and the identity init
     # needs values (the loaded checkpoint then overwrites them).
     with torch.device("cpu"):
-        built = tuple(residual.wrap(None, layer_idx, part) for part in ("attn", "mlp"))
+        built = tuple(residual.wrap(None, layer_idx, part).to(dtype) for part in ("attn", "mlp"))
         if options["init"] == "identity":
             for layer in built:
                 identity_equivalent_init_(layer)
@@ -180,7 +184,7 @@ def _convert_layers(model: PreTrainedModel, options: dict[str, Any]) -> None:
     layers = model.model.layers
     ref = model.model.embed_tokens.weight
     dtype = ref.dtype if ref.is_floating_point() else torch.float32
-    built = [[hc.to(device=ref.device, dtype=dtype) for hc in _build_hyper_connections(options, ref.shape[-1], i)]
+    built = [[hc.to(ref.device) for hc in _build_hyper_connections(options, ref.shape[-1], i, dtype)]
              for i in range(len(layers))]
     for i, (layer, (attn_hc, mlp_hc)) in enumerate(zip(layers, built)):
         layer.__class__ = _hyper_layer_class(type(layer))
@@ -193,7 +197,7 @@ def _restore_unloaded(model: PreTrainedModel, missing: set[str]) -> None:
     it empty) and any hyper-connection parameter in ``missing`` (a plain host checkpoint), from fresh wrappers."""
     options = model.config.hyper_connections
     for i, layer in enumerate(model.model.layers):
-        fresh = _build_hyper_connections(options, layer.attn_hc.dim, i)
+        fresh = _build_hyper_connections(options, layer.attn_hc.dim, i, layer.attn_hc.static_beta.dtype)
         for part, source in zip(("attn_hc", "mlp_hc"), fresh):
             target, prefix = getattr(layer, part), f"model.layers.{i}.{part}."
             with torch.no_grad():

@@ -104,14 +104,23 @@ def reference_coefficients(layer: HyperConnection,
 
 
 def reference_forward(layer: HyperConnection, stream: torch.Tensor, **branch_kwargs: Any) -> torch.Tensor:
-    """h = sum_s H_pre[s] X[s]; X_new[t] = sum_s H_res[s, t] X[s] + H_post[t] F(h), written as explicit sums."""
+    """h = sum_s H_pre[s] X[s]; X_new[t] = sum_s H_res[s, t] X[s] + H_post[t] F(h), written as explicit sums.
+
+    Without a branch it returns ``(h, add_residual)`` as the layer's own forward does (the drop-in decoder layers
+    call their wrappers that way).
+    """
     n = layer.num_streams
     h_pre, h_res, h_post = reference_coefficients(layer, stream)
     branch_input = sum(h_pre[..., s, None] * stream[..., s, :] for s in range(n))
-    y = layer.branch(branch_input, **branch_kwargs)
-    outs = [sum(h_res[..., s, t, None] * stream[..., s, :] for s in range(n)) + h_post[..., t, None] * y
-            for t in range(n)]
-    return torch.stack(outs, dim=-2)
+
+    def add_residual(y: torch.Tensor) -> torch.Tensor:
+        outs = [sum(h_res[..., s, t, None] * stream[..., s, :] for s in range(n)) + h_post[..., t, None] * y
+                for t in range(n)]
+        return torch.stack(outs, dim=-2)
+
+    if layer.branch is None:
+        return branch_input, add_residual
+    return add_residual(layer.branch(branch_input, **branch_kwargs))
 
 
 @contextmanager
