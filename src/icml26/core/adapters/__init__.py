@@ -9,7 +9,9 @@ from .base import AdapterConfig, AdapterLinear, LoRALinear
 from .inject import (adapter_layers, adapter_state_dict, count_trainable_parameters, find_target_modules,
                      inject_adapters, load_adapters, merge_adapters, merge_and_unload, save_adapters,
                      unmerge_adapters)
+from .peft_lora import PeftLoRA, peft_lora_adapters
 
-__all__ = ["AdapterConfig", "AdapterLinear", "LoRALinear", "adapter_layers", "adapter_state_dict",
+__all__ = ["AdapterConfig", "AdapterLinear", "LoRALinear", "PeftLoRA", "adapter_layers", "adapter_state_dict",
            "count_trainable_parameters", "find_target_modules", "inject_adapters", "load_adapters",
-           "merge_adapters", "merge_and_unload", "save_adapters", "unmerge_adapters"]
+           "merge_adapters", "merge_and_unload", "peft_lora_adapters", "save_adapters",
+           "unmerge_adapters"]

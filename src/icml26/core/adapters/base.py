@@ -92,6 +92,10 @@ class AdapterLinear(nn.Module):
             self.base.bias.requires_grad_(False)
         self.r, self.alpha = r, alpha
         self.merged = False
+        # Set by anything that folds updates into the frozen weight while training (ScaLoRA's merge-rescale,
+        # ReLoRA's restarts): the adapter tensors alone then no longer describe the layer, so save_adapters also
+        # writes this layer's base weight.
+        self.base_modified = False
 
     @property
     def in_features(self) -> int:

@@ -41,6 +41,14 @@ def find_target_modules(model: nn.Module, target_modules) -> list[str]:
             unmatched.append(target)
         chosen += [h for h in hits if h not in chosen]
     if unmatched:
+        # A projection that is not an nn.Linear (GPT-2's transformers Conv1D stores its weight transposed) is named
+        # with its type, since "no match" would be a confusing answer for a module that exists.
+        others = sorted({f"{n} ({type(m).__name__})" for t in unmatched for n, m in model.named_modules()
+                         if n and not isinstance(m, nn.Linear) and selects(t, n) and hasattr(m, "weight")})
+        if others:
+            raise ValueError(f"target_modules {unmatched} select modules that are not nn.Linear: "
+                             f"{', '.join(others[:10])}; these adapters wrap nn.Linear only. For transformers' "
+                             "Conv1D (GPT-2 style) use the peft route, which supports it")
         shown = ", ".join(linears[:40]) + (" ..." if len(linears) > 40 else "")
         raise ValueError(f"target_modules {unmatched} matched no nn.Linear module; the model's Linear modules are: "
                          f"{shown or '(none)'}")
@@ -110,35 +118,65 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Only the adapter tensors: keys whose last component starts with the owning layer's ``prefix``."""
-    prefixes = {type(layer).prefix for _, layer in adapter_layers(model)}
-    return {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith(tuple(prefixes))}
+    """The adapter tensors (keys whose last component starts with the owning layer's ``prefix``), plus
+    ``<layer>.base.weight`` of every layer whose base weight was changed in training (``base_modified``)."""
+    layers = dict(adapter_layers(model))
+    prefixes = tuple({type(layer).prefix for layer in layers.values()})
+    state = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1].startswith(prefixes)}
+    state.update({f"{name}.base.weight": layer.base.weight for name, layer in layers.items() if layer.base_modified})
+    return state
 
 
 def save_adapters(model: nn.Module, path: str | os.PathLike) -> None:
-    """Write the adapter tensors to a safetensors file (atomically)."""
+    """Write the adapter tensors to a safetensors file (atomically).
+
+    Layers whose frozen weight absorbed updates in training (ScaLoRA, ReLoRA) also write that weight, so that
+    :func:`load_adapters` restores the function exactly; such a file is as large as those layers' weights.
+    """
     from safetensors.torch import save
 
     from ..io import atomic_write_bytes
 
+    if not any(True for _ in adapter_layers(model)):
+        raise ValueError("the model has no icml26 adapter layer to save (a peft model saves its adapters with "
+                         "its own save_pretrained)")
+    for name, layer in adapter_layers(model):
+        if layer.merged and layer.base_modified:
+            raise RuntimeError(f"unmerge the adapters before saving: {name}'s base weight is saved and, merged, it "
+                               "would hold the update twice")
     state = {k: v.detach().contiguous().cpu() for k, v in adapter_state_dict(model).items()}
     atomic_write_bytes(path, save(state))
 
 
 def load_adapters(model: nn.Module, path: str | os.PathLike) -> None:
-    """Load adapter tensors saved by :func:`save_adapters` into a model with the same adapters injected."""
+    """Load a file written by :func:`save_adapters` into a model with the same adapters injected.
+
+    Base weights in the file replace those of their layers (which are then ``base_modified``). A file without a
+    base weight for a layer whose base weight was changed in training is refused: its factors were trained against
+    another base, and loading them would silently change the function.
+    """
     from safetensors.torch import load_file
 
     saved = load_file(str(path))
+    layers = dict(adapter_layers(model))
     expected = adapter_state_dict(model)
-    missing, unexpected = sorted(set(expected) - set(saved)), sorted(set(saved) - set(expected))
+    bases = {f"{name}.base.weight": name for name in layers}
+    missing = sorted(k for k in set(expected) - set(saved) if k not in bases)
+    unexpected = sorted(k for k in set(saved) - set(expected) if k not in bases)
     if missing or unexpected:
         raise ValueError(f"adapter file {path} does not fit this model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
-    for _, layer in adapter_layers(model):
-        if layer.merged:
-            raise RuntimeError("unmerge the adapters before loading new adapter weights")
+    stale = sorted(bases[k] for k in bases if layers[bases[k]].base_modified and k not in saved)
+    if stale:
+        raise ValueError(f"the base weights of {stale[:5]} were changed in training (merged updates), and {path} "
+                         "has no base weights for them: its factors belong to another base; load it into a fresh "
+                         "copy of the model")
+    if any(layer.merged for layer in layers.values()):
+        raise RuntimeError("unmerge the adapters before loading new adapter weights")
     model.load_state_dict(saved, strict=False)
+    for key, name in bases.items():
+        if key in saved:
+            layers[name].base_modified = True
 
 
 def count_trainable_parameters(model: nn.Module) -> int:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ...core.adapters import AdapterLinear, LoRALinear
+from ...core.adapters import AdapterLinear, LoRALinear, peft_lora_adapters
 from .config import LoKRAConfig
 from .kruskal import (coherence_lower_bound, coherence_penalty, effective_rank, khatri_rao, khatri_rao_kruskal_bound,
                       kruskal_rank, mutual_coherence)
@@ -127,6 +127,26 @@ def plus_layout(d_out: int, d_in: int, r: int, *, kr_axis: str = "auto", budget:
     return PlusLayout(axis, length, n, s // 2, s - s // 2)
 
 
+def plus_factors(layout: PlusLayout, config: LoKRAConfig, *, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """LoKRA+'s initial factors U (p, n) and V (q, n): the one named by ``config.plus_init`` is zero (so dW = 0),
+    the other uniform in +-1/sqrt(its rows). Shared by our layer and the peft layer, so both draw the same numbers."""
+    U = torch.zeros(layout.p, layout.n, dtype=dtype, device=device)
+    V = torch.zeros(layout.q, layout.n, dtype=dtype, device=device)
+    # Each per-channel vector of the random factor gets entries of size ~1/sqrt(its length), so the Khatri-Rao
+    # columns start with comparable norms whatever the layer's width.
+    random = V if config.plus_init == "zero_u" else U
+    bound = 1.0 / math.sqrt(random.shape[0])
+    random.uniform_(-bound, bound)
+    return U, V
+
+
+def plus_delta(U: torch.Tensor, V: torch.Tensor, layout: PlusLayout, scaling: float) -> torch.Tensor:
+    """dW (d_out, d_in) = s (U ⊙ V)[:L] for Khatri-Rao columns, or its transpose for rows."""
+    kr = khatri_rao(U, V)[: layout.length]
+    return scaling * (kr if layout.axis == "columns" else kr.T)
+
+
 class LoKRAPlusLinear(AdapterLinear):
     """LoKRA+: dW built from a Khatri-Rao product, with the Kruskal-rank penalty on its factors' columns.
 
@@ -145,24 +165,15 @@ class LoKRAPlusLinear(AdapterLinear):
         self.config = config if config is not None else LoKRAConfig()
         self.layout = plus_layout(base.out_features, base.in_features, r, kr_axis=self.config.kr_axis,
                                   budget=self.config.plus_budget)
-        dtype, device = base.weight.dtype, base.weight.device
-        p, q, n = self.layout.p, self.layout.q, self.layout.n
-        self.lokrap_U = nn.Parameter(torch.zeros(p, n, dtype=dtype, device=device))
-        self.lokrap_V = nn.Parameter(torch.zeros(q, n, dtype=dtype, device=device))
-        # Each per-channel vector of the random factor gets entries of size ~1/sqrt(its length), so the Khatri-Rao
-        # columns start with comparable norms whatever the layer's width.
-        random = self.lokrap_V if self.config.plus_init == "zero_u" else self.lokrap_U
-        bound = 1.0 / math.sqrt(random.shape[0])
-        with torch.no_grad():
-            random.uniform_(-bound, bound)
+        U, V = plus_factors(self.layout, self.config, dtype=base.weight.dtype, device=base.weight.device)
+        self.lokrap_U, self.lokrap_V = nn.Parameter(U), nn.Parameter(V)
 
     @property
     def scaling(self) -> float:
         return self.alpha / self.r
 
     def delta_weight(self) -> torch.Tensor:
-        kr = khatri_rao(self.lokrap_U, self.lokrap_V)[: self.layout.length]
-        return self.scaling * (kr if self.layout.axis == "columns" else kr.T)
+        return plus_delta(self.lokrap_U, self.lokrap_V, self.layout, self.scaling)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.merged:
@@ -189,36 +200,34 @@ class LoKRAPlusLinear(AdapterLinear):
 LOKRA_LAYERS = (LoKRALinear, LoKRAPlusLinear)
 
 
-def _peft_lora_factors(module: nn.Module) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(A (r, d_in), B (d_out, r)) of each active adapter of a peft ``LoraLayer``, found by duck typing (no import)."""
-    lora_A, lora_B = getattr(module, "lora_A", None), getattr(module, "lora_B", None)
-    if not (isinstance(lora_A, nn.ModuleDict) and isinstance(lora_B, nn.ModuleDict)):
-        return
-    active = getattr(module, "active_adapters", list(lora_A.keys()))
-    for name in active:
-        if name in lora_A and name in lora_B:
-            yield lora_A[name].weight, lora_B[name].weight
+def _stored_lokra_config(model: nn.Module, adapter: str) -> LoKRAConfig | None:
+    """The LoKRAConfig that a ``LoKRAPeftConfig`` of a peft model stores for ``adapter`` (None otherwise)."""
+    configs = getattr(model, "peft_config", None)
+    config = configs.get(adapter) if isinstance(configs, dict) else None
+    return getattr(config, "lokra_config", None)
 
 
 def kruskal_penalty(model: nn.Module, *, peft_config: LoKRAConfig | None = None, reduction: str = "sum"
                     ) -> torch.Tensor:
     """The LoKRA loss term: sum (or mean) over adapted layers of lambda_l (R(A_l) + R(B_lᵀ)); add it to the loss.
 
-    LoKRA and LoKRA+ layers use their own config. Layers of a Hugging Face peft LoRA model (``lora_A``/``lora_B``
-    ModuleDicts) are penalised with ``peft_config`` (default :class:`LoKRAConfig`), which turns any peft LoRA run
-    into LoKRA without touching peft. Raises ValueError when the model has neither.
+    LoKRA and LoKRA+ layers (ours, and peft's ``LoKRAPlusPeftLinear``) use their own config. Vanilla Hugging Face
+    peft LoRA layers are penalised with ``peft_config`` if given, else with the LoKRAConfig stored in the model's
+    ``LoKRAPeftConfig``, else with the default :class:`LoKRAConfig`: any peft LoRA run becomes LoKRA this way.
+    Raises ValueError when the model has none of these layers.
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
-    peft_config = peft_config if peft_config is not None else LoKRAConfig()
     terms: list[torch.Tensor] = []
     for module in model.modules():
         if isinstance(module, LOKRA_LAYERS):
             terms.append(module.config.lam * module.penalty())
-            continue
-        for A, B in _peft_lora_factors(module):
-            factors = [A, B.T] if peft_config.penalty_on == "channels" else [A.T, B]
-            terms.append(peft_config.lam * _factor_penalty(factors, peft_config))
+        elif hasattr(module, "lokra_penalty_terms"):
+            terms += module.lokra_penalty_terms()
+    for _, lora in peft_lora_adapters(model):
+        config = peft_config or _stored_lokra_config(model, lora.adapter) or LoKRAConfig()
+        factors = [lora.A, lora.B.T] if config.penalty_on == "channels" else [lora.A.T, lora.B]
+        terms.append(config.lam * _factor_penalty(factors, config))
     if not terms:
         raise ValueError("kruskal_penalty found no LoKRA, LoKRA+ or peft LoRA layer in the model")
     total = torch.stack(terms).sum()

@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ...core.adapters import AdapterLinear, LoRALinear
+from ...core.adapters import AdapterLinear, LoRALinear, PeftLoRA, peft_lora_adapters
 
 
 class ScaLoRALinear(AdapterLinear):
@@ -58,23 +58,41 @@ class ScaLoRALinear(AdapterLinear):
         merge_rescale_(self, u, v)
 
 
-LoRALike = LoRALinear | ScaLoRALinear
+LoRALike = LoRALinear | ScaLoRALinear | PeftLoRA
 
 
-def lora_factors(layer: nn.Module) -> tuple[nn.Parameter, nn.Parameter, float]:
-    """``(A (r, d_in), B (d_out, r), s)`` of a :class:`LoRALinear` or :class:`ScaLoRALinear`."""
+def lora_factors(layer: LoRALike) -> tuple[nn.Parameter, nn.Parameter, float]:
+    """``(A (r, d_in), B (d_out, r), s)`` of a :class:`LoRALinear`, :class:`ScaLoRALinear` or one adapter of a
+    Hugging Face peft LoRA layer (:class:`~icml26.core.adapters.PeftLoRA`)."""
     if isinstance(layer, ScaLoRALinear):
         return layer.scalora_A, layer.scalora_B, layer.scaling
     if isinstance(layer, LoRALinear):
         return layer.lora_A, layer.lora_B, layer.scaling
-    raise TypeError(f"expected a LoRALinear or ScaLoRALinear, got {type(layer).__name__}")
+    if isinstance(layer, PeftLoRA):
+        return layer.A, layer.B, layer.scaling
+    raise TypeError(f"expected a LoRALinear, ScaLoRALinear or PeftLoRA, got {type(layer).__name__}")
 
 
 def lora_layers(model: nn.Module) -> Iterator[tuple[str, LoRALike]]:
-    """Every LoRA-parameterized adapter of ``model`` (both layer types), in module order."""
+    """Every LoRA-parameterized adapter of ``model``: our LoRALinear / ScaLoRALinear layers in module order, then
+    the active adapters of peft LoRA layers (named ``"<module>[<adapter>]"``; a peft LoRA variant such as DoRA
+    raises ValueError)."""
     for name, module in model.named_modules():
         if isinstance(module, (LoRALinear, ScaLoRALinear)):
             yield name, module
+    yield from peft_lora_adapters(model)
+
+
+def _base_weight(layer: LoRALike, *, for_update: bool = False) -> torch.Tensor:
+    """The frozen weight W0 as a (d_out, d_in) tensor or view (peft's GPT-2 Conv1D stores it transposed).
+
+    ``for_update=True`` marks our layers ``base_modified``, so that ``save_adapters`` saves W0 with the factors.
+    """
+    if isinstance(layer, PeftLoRA):
+        return layer.base_weight
+    if for_update:
+        layer.base_modified = True
+    return layer.base.weight
 
 
 @torch.no_grad()
@@ -93,11 +111,11 @@ def merge_rescale_(layer: LoRALike, u: torch.Tensor, v: torch.Tensor) -> None:
     if layer.merged:
         raise RuntimeError("merge_rescale_ needs an unmerged adapter; call unmerge() first")
     A, B, s = lora_factors(layer)
-    weight = layer.base.weight
     u = u.to(device=B.device, dtype=B.dtype)
     v = v.to(device=A.device, dtype=A.dtype)
     coef = s * (1.0 - u * v)
     if bool((coef != 0).any()):
+        weight = _base_weight(layer, for_update=True)
         weight.addmm_((B * coef).to(weight.dtype), A.to(weight.dtype))
     A.mul_(v[:, None])
     B.mul_(u[None, :])
@@ -109,7 +127,8 @@ def merge_reinit_(layer: LoRALike, generator: torch.Generator | None = None) -> 
     if layer.merged:
         raise RuntimeError("merge_reinit_ needs an unmerged adapter; call unmerge() first")
     A, B, s = lora_factors(layer)
-    layer.base.weight.addmm_((s * B).to(layer.base.weight.dtype), A.to(layer.base.weight.dtype))
+    weight = _base_weight(layer, for_update=True)
+    weight.addmm_((s * B).to(weight.dtype), A.to(weight.dtype))
     # Kaiming-uniform with a = sqrt(5), as nn.init does for LoRA's A: bound = 1 / sqrt(fan_in).
     bound = 1.0 / math.sqrt(A.shape[1])
     A.copy_(torch.rand(A.shape, generator=generator, dtype=A.dtype, device="cpu").mul_(2 * bound).sub_(bound))
@@ -119,7 +138,7 @@ def merge_reinit_(layer: LoRALike, generator: torch.Generator | None = None) -> 
 def effective_weight(layer: LoRALike) -> torch.Tensor:
     """``W0 + s B A`` (d_out, d_in), detached; what the layer multiplies its input with."""
     with torch.no_grad():
-        weight = layer.base.weight.detach().clone()
+        weight = _base_weight(layer).detach().clone()
         return weight if layer.merged else weight + layer.delta_weight().to(weight.dtype)
 
 

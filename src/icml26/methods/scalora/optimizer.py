@@ -4,20 +4,24 @@
     opt = ReLoRAOptimizer(model, torch.optim.AdamW(trainable, lr=1e-3), every=100)
     loss.backward(); opt.step(); opt.zero_grad()
 
-Both find every :class:`ScaLoRALinear` and :class:`~icml26.core.adapters.LoRALinear` in ``model``; both keep the
+Both find every :class:`ScaLoRALinear` and :class:`~icml26.core.adapters.LoRALinear` in ``model``, and every
+active adapter of a Hugging Face peft LoRA model (``get_peft_model(model, LoraConfig(...))``); both keep the
 effective weight of each layer unchanged by their restarts, so the function the model computes only changes
 through the inner optimizer's steps. A learning-rate scheduler attaches to the inner optimizer
-(``wrapper.optimizer``). After training with either, the base weights have changed: checkpoint the whole model,
-not only the adapter tensors.
+(``wrapper.optimizer``). After training with either, the base weights have changed: ``save_adapters`` then also
+writes the adapted layers' base weights; a peft model is saved whole with ``merge_and_unload().save_pretrained``
+(peft's adapter-only ``save_pretrained`` would drop the merged updates).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from ...core.adapters import PeftLoRA
 from .adapter import lora_factors, lora_layers, merge_reinit_, merge_rescale_
 from .config import ReLoRAConfig, ScaLoRAConfig
 from .scaling import adam_direction, gram_adam, gram_sgd, optimal_multipliers
@@ -38,7 +42,11 @@ class _OptimizerWrapper:
         self.optimizer = optimizer
         self.layers = list(lora_layers(model))
         if not self.layers:
-            raise ValueError("the model has no LoRALinear or ScaLoRALinear layer: inject adapters first")
+            raise ValueError("the model has no LoRALinear, ScaLoRALinear or peft LoRA layer: inject adapters first")
+        if any(isinstance(layer, PeftLoRA) for _, layer in self.layers):
+            warnings.warn(f"{type(self).__name__} folds updates into the base weights of this peft model, and peft's "
+                          "save_pretrained writes only the LoRA factors: save the trained model with "
+                          "model.merge_and_unload().save_pretrained(dir)", UserWarning, stacklevel=3)
         owner = {id(p): group for group in optimizer.param_groups for p in group["params"]}
         self._group: dict[int, dict] = {}
         for name, layer in self.layers:
@@ -84,7 +92,7 @@ class ScaLoRAOptimizer(_OptimizerWrapper):
     then the inner optimizer steps. ``scale_bounds=(1, 1)`` fixes u = v = 1, which is exactly LoRA.
 
     Args:
-        model: a module holding LoRALinear / ScaLoRALinear adapters.
+        model: a module holding LoRALinear / ScaLoRALinear adapters, or a peft LoRA model.
         optimizer: a torch optimizer over (at least) every adapter factor. The 'adam' proxy needs Adam/AdamW;
             the default 'auto' uses it for them and the 'sgd' proxy for anything else.
         every, proxy, nonneg, target_scale, scale_bounds, moment_transfer, ridge: see :class:`ScaLoRAConfig`.
