@@ -105,6 +105,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_feddtl(args: argparse.Namespace) -> int:
+    from .methods.feddtl.deploy import main as deploy_main
+
+    return deploy_main(args.args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="icml26", description="ICML 2026 methods and reproductions of their claims")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write DIR/report.html and DIR/report.md from the result files in DIR")
     p.add_argument("dir", metavar="DIR")
     p.set_defaults(func=_cmd_report)
+
+    # prefix_chars "\0": the options after `feddtl` are not icml26's; they go whole to the deployment's own parser
+    p = sub.add_parser("feddtl", add_help=False, prefix_chars="\0", help="run FedDTL on a loopback Flower "
+                       "deployment (a SuperLink and SuperNodes as processes); `icml26 feddtl --help` for options")
+    p.add_argument("args", nargs="*")
+    p.set_defaults(func=_cmd_feddtl)
     return parser
 
 
