@@ -277,6 +277,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         model = _converted("kromhc").train()
         if checkpointing:
             model.activation_checkpointing_enable()
+            assert all(layer.gradient_checkpointing for layer in model.model.layers)
         model(ids, labels=ids).loss.backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, grad in grads[0].items():
