@@ -316,7 +316,8 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
 
     Returns:
         ``{"final", "text_shift", "state" (ServerState), "rejected", "participants", "drift", "resumed_after",
-        "ports", "workdir", "seconds"}``, or ``{"stopped_after", "ports", "workdir", "seconds"}``.
+        "ports", "workdir", "marker", "seconds"}``, or ``{"stopped_after", "ports", "workdir", "marker", "seconds"}``
+        (``marker``: the value of ``MARKER`` in the environment of every process this deployment started).
     """
     task = _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint)
     require("flwr", "pip install 'icml26[fl]'", purpose="the FedDTL Flower deployment")
@@ -405,14 +406,15 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
             check_alive()
             if stop_after_round is not None and _checkpoint_round(ckpt) >= stop_after_round:
                 return {"stopped_after": _checkpoint_round(ckpt), "ports": ports, "workdir": work,
-                        "seconds": time.monotonic() - start}
+                        "marker": token, "seconds": time.monotonic() - start}
             time.sleep(0.1)
     finally:
         stop_processes(procs, token)
     res = read_json(out / "result.json")
     state, _ = load_server_checkpoint(out / "state.safetensors", init_server(build_model(encoder, cfg, seed),
                                                                              task.prompts))
-    return {**res, "state": state, "ports": ports, "workdir": work, "seconds": time.monotonic() - start}
+    return {**res, "state": state, "ports": ports, "workdir": work, "marker": token,
+            "seconds": time.monotonic() - start}
 
 
 # ---------------------------------------------------------------- command line
