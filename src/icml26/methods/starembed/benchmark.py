@@ -16,9 +16,12 @@ from .data import LightCurve, LightCurveDataset
 
 @runtime_checkable
 class Embedder(Protocol):
-    def fit(self, curves: Sequence[LightCurve], labels: np.ndarray | None = None) -> "Embedder": ...
+    """``fit(X, y=None) -> self`` and ``transform(X) -> [n, d]`` with X a sequence of LightCurve; the room's
+    embedders are scikit-learn transformers that satisfy it (``base.CurveEmbedder``)."""
 
-    def transform(self, curves: Sequence[LightCurve]) -> np.ndarray: ...
+    def fit(self, X: Sequence[LightCurve], y: np.ndarray | None = None) -> "Embedder": ...
+
+    def transform(self, X: Sequence[LightCurve]) -> np.ndarray: ...
 
 
 def _check(X: np.ndarray, n: int, what: str) -> np.ndarray:

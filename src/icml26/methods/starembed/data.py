@@ -29,23 +29,52 @@ _SELECT = {"RRab": ("RRLyr", "RRab"), "RRc": ("RRLyr", "RRc"), "RRd": ("RRLyr", 
 
 @dataclass(frozen=True)
 class LightCurve:
-    """One band: epochs ``t`` [n] (days), magnitudes ``mag`` [n], errors ``err`` [n]."""
+    """One band: epochs ``t`` [n] (days, strictly increasing), magnitudes ``mag`` [n], errors ``err`` [n] (> 0).
+
+    Every array is stored as float64. Bad input raises at construction, so no embedder ever sees it: arrays that
+    are not 1-D numbers, mismatched lengths, fewer than 5 epochs (including an empty curve), NaN or inf anywhere,
+    non-positive errors (the error-weighted periodogram weights epochs by 1/err^2, so err = 0 would give infinite
+    weights and NaN features), and times that are unsorted or repeated.
+    """
 
     t: np.ndarray
     mag: np.ndarray
     err: np.ndarray
 
     def __post_init__(self) -> None:
+        for name in ("t", "mag", "err"):
+            value = getattr(self, name)
+            try:
+                arr = np.asarray(value, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise TypeError(f"LightCurve.{name} must be an array of numbers, got {type(value).__name__}") from None
+            if arr.ndim != 1:
+                raise ValueError(f"LightCurve.{name} must be 1-D (one value per epoch), got shape {arr.shape}")
+            object.__setattr__(self, name, arr)  # frozen: set once, here
         n = len(self.t)
         if not (len(self.mag) == n == len(self.err)):
             raise ValueError(f"t, mag and err must have the same length, got {len(self.t)}, {len(self.mag)}, "
                              f"{len(self.err)}")
         if n < 5:
-            raise ValueError(f"a light curve needs at least 5 epochs, got {n}")
-        if not (np.all(np.isfinite(self.t)) and np.all(np.isfinite(self.mag)) and np.all(np.isfinite(self.err))):
-            raise ValueError("t, mag and err must be finite")
-        if np.any(np.diff(self.t) < 0):
-            raise ValueError("t must be sorted in time")
+            raise ValueError(f"a light curve needs at least 5 epochs, got {n}" + (" (empty light curve)" if n == 0
+                                                                                  else ""))
+        for name in ("t", "mag", "err"):
+            bad = np.flatnonzero(~np.isfinite(getattr(self, name)))
+            if len(bad):
+                raise ValueError(f"t, mag and err must be finite: {name} has NaN or inf at index {bad[0]} "
+                                 f"({len(bad)} of {n} values)")
+        bad = np.flatnonzero(self.err <= 0)
+        if len(bad):
+            raise ValueError(f"err must be > 0 (errors weight epochs by 1/err^2), got {self.err[bad[0]]} at index "
+                             f"{bad[0]}; use the survey's photometric floor for epochs without an error")
+        step = np.diff(self.t)
+        if np.any(step < 0):
+            i = int(np.flatnonzero(step < 0)[0])
+            raise ValueError(f"t must be sorted in time, got t[{i}] = {self.t[i]} > t[{i + 1}] = {self.t[i + 1]}")
+        if np.any(step == 0):
+            i = int(np.flatnonzero(step == 0)[0])
+            raise ValueError(f"t has duplicate epochs (t[{i}] = t[{i + 1}] = {self.t[i]}); average or drop repeated "
+                             f"observations of the same time")
 
 
 @dataclass

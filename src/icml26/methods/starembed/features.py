@@ -6,8 +6,11 @@ amplitudes and relative phases of 4 harmonics at the best period, and variabilit
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from .base import CurveEmbedder
 from .data import LightCurve
 
 FEATURE_NAMES = ("log_period", "ls_power", "amplitude", "A1", "R21", "R31", "R41", "cos_phi21", "sin_phi21",
@@ -25,6 +28,8 @@ def best_period(lc: LightCurve, f_max: float = 10.0) -> tuple[float, float]:
 
     span = max(lc.t[-1] - lc.t[0], 1.0)
     freqs = frequency_grid(span, f_max)
+    if len(freqs) < 2:
+        raise ValueError(f"f_max = {f_max} per day leaves no frequency grid above 1/span = {1 / span:.3g} per day")
     model = LombScargle(lc.t, lc.mag, lc.err)
     power = model.power(freqs, method="fast", assume_regular_frequency=True)
     k = int(np.argmax(power))
@@ -50,10 +55,16 @@ def fourier_fit(t: np.ndarray, y: np.ndarray, period: float,
     return np.hypot(c, s), np.arctan2(-s, c), float(np.std(y - X @ coef))
 
 
-def extract(lc: LightCurve) -> np.ndarray:
-    """The 24 features of one light curve, in FEATURE_NAMES order."""
+def extract(lc: LightCurve, f_max: float = 10.0) -> np.ndarray:
+    """The 24 features of one light curve, in FEATURE_NAMES order (periods searched down to 1/f_max days).
+
+    Raises ValueError for constant magnitudes: the periodogram power and Stetson K are 0/0 there.
+    """
     t, y, e = lc.t, lc.mag, lc.err
-    period, power = best_period(lc)
+    if np.ptp(y) == 0:
+        raise ValueError(f"the light curve's magnitudes are all equal ({y[0]}): the periodogram power and Stetson K "
+                         f"are undefined for a constant light curve")
+    period, power = best_period(lc, f_max)
     amps, phases, resid = fourier_fit(t, y, period)
     a1 = max(amps[0], 1e-9)
     phi21 = phases[1] - 2 * phases[0]
@@ -72,13 +83,46 @@ def extract(lc: LightCurve) -> np.ndarray:
         np.median(e)])
 
 
-class HandCraftedEmbedder:
-    """The domain baseline as an Embedder: ``transform(curves) -> [n, 24]``; no fitting needed."""
+class HandCraftedEmbedder(CurveEmbedder):
+    """The domain baseline as a scikit-learn transformer: ``transform(curves) -> [n, 24]`` (FEATURE_NAMES order).
+
+    Stateless (``fit`` only validates), so ``transform`` also works unfitted, like ``FunctionTransformer``.
+
+    Args:
+        f_max: highest Lomb-Scargle frequency searched, in 1/day (shortest period 1/f_max; default 10 -> 0.1 d).
+    """
 
     name = "handcrafted"
+    _requires_fit = False
 
-    def fit(self, curves, labels=None) -> "HandCraftedEmbedder":
-        return self
+    def __init__(self, f_max: float = 10.0):
+        self.f_max = f_max
 
-    def transform(self, curves) -> np.ndarray:
-        return np.stack([extract(lc) for lc in curves])
+    def _check_params(self) -> None:
+        if isinstance(self.f_max, bool) or not isinstance(self.f_max, (int, float)) or not (
+                math.isfinite(self.f_max) and self.f_max > 0):
+            raise ValueError(f"f_max must be a positive finite frequency in 1/day, got {self.f_max!r}")
+
+    def _fit(self, curves: list) -> int:
+        return len(FEATURE_NAMES)
+
+    def _embed(self, curves: list) -> np.ndarray:
+        rows = []
+        for i, lc in enumerate(curves):
+            try:
+                row = extract(lc, self.f_max)
+            except ValueError as err:
+                raise ValueError(f"light curve {i}: {err}") from None
+            if not np.all(np.isfinite(row)):
+                names = [n for n, v in zip(FEATURE_NAMES, row) if not np.isfinite(v)]
+                raise ValueError(f"light curve {i}: non-finite hand-crafted features {names} (a degenerate curve: "
+                                 f"too few distinct epochs for the period search and the Fourier fit)")
+            rows.append(row)
+        return np.stack(rows)
+
+    def _width(self) -> int:
+        return len(FEATURE_NAMES)
+
+    def get_feature_names_out(self, input_features=None) -> np.ndarray:
+        """The 24 feature names, FEATURE_NAMES."""
+        return np.asarray(FEATURE_NAMES, dtype=object)

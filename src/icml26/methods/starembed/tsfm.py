@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .base import CurveEmbedder
+
 N_BINS, PAD, MASK = 128, 128, 129
 LIMIT = 4.0
 
@@ -94,23 +96,44 @@ def pretrain(context: int, steps: int, n_series: int = 512, seed: int = 0) -> Ti
     return model.eval()
 
 
-class TSFMEmbedder:
-    """Zero-shot foundation-model Embedder: ``transform(curves) -> [n, d]`` mean-pooled over non-pad tokens."""
+def _check_count(name: str, value, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+class TSFMEmbedder(CurveEmbedder):
+    """Zero-shot foundation-model embedder (scikit-learn transformer): ``transform(curves) -> [n, d]``, the encoder
+    states mean-pooled over the non-pad tokens of the last ``context`` magnitudes.
+
+    ``fit`` "loads the released model": the encoder pretrained on KernelSynth GPs with these sizes (seed 0, cached
+    per process); it never looks at the light curves or labels, so the embedding is zero-shot. ``transform`` before
+    ``fit`` raises NotFittedError.
+
+    Args:
+        context: magnitudes kept per curve (the last ones; shorter curves are left-padded).
+        pretrain_steps: masked-token pretraining steps of the stand-in encoder.
+        n_series: KernelSynth series in the pretraining set.
+    """
 
     name = "tsfm"
 
     def __init__(self, context: int = 200, pretrain_steps: int = 300, n_series: int = 512):
-        self.context, self.pretrain_steps, self.n_series = context, pretrain_steps, n_series
+        self.context = context
+        self.pretrain_steps = pretrain_steps
+        self.n_series = n_series
 
-    def fit(self, curves, labels=None) -> "TSFMEmbedder":
-        self.model_ = pretrain(self.context, self.pretrain_steps, self.n_series)
-        return self
+    def _check_params(self) -> None:
+        _check_count("context", self.context)
+        _check_count("pretrain_steps", self.pretrain_steps)
+        _check_count("n_series", self.n_series)
+
+    def _fit(self, curves: list) -> int:
+        self.model_ = pretrain(int(self.context), int(self.pretrain_steps), int(self.n_series))
+        return self.model_.tok.embedding_dim
 
     @torch.no_grad()
-    def transform(self, curves) -> np.ndarray:
-        if not hasattr(self, "model_"):
-            self.fit(curves)
-        ids = torch.stack([tokenize(lc.mag, self.context) for lc in curves])
+    def _embed(self, curves: list) -> np.ndarray:
+        ids = torch.stack([tokenize(lc.mag, self.model_.pos.shape[0]) for lc in curves])
         out = []
         for chunk in ids.split(256):
             h = self.model_(chunk)
@@ -119,16 +142,31 @@ class TSFMEmbedder:
         return torch.cat(out).numpy()
 
 
-class RandomEmbedder:
-    """The paper's random baseline: i.i.d. Gaussian vectors, independent of the light curve."""
+class RandomEmbedder(CurveEmbedder):
+    """The paper's random baseline: i.i.d. Gaussian vectors [n, dim], independent of the light curves (row i is the
+    same for every call with the same seed). Stateless, so ``transform`` also works unfitted.
+
+    Args:
+        dim: embedding width.
+        seed: seed of the Gaussian draws.
+    """
 
     name = "random"
+    _requires_fit = False
 
     def __init__(self, dim: int = 32, seed: int = 0):
-        self.dim, self.seed = dim, seed
+        self.dim = dim
+        self.seed = seed
 
-    def fit(self, curves, labels=None) -> "RandomEmbedder":
-        return self
+    def _check_params(self) -> None:
+        _check_count("dim", self.dim)
+        _check_count("seed", self.seed, minimum=0)
 
-    def transform(self, curves) -> np.ndarray:
-        return np.random.default_rng(self.seed).standard_normal((len(curves), self.dim))
+    def _fit(self, curves: list) -> int:
+        return int(self.dim)
+
+    def _embed(self, curves: list) -> np.ndarray:
+        return np.random.default_rng(self.seed).standard_normal((len(curves), int(self.dim)))
+
+    def _width(self) -> int:
+        return int(self.dim)
