@@ -312,6 +312,11 @@ def test_bad_conversion_arguments_raise_before_the_model_changes(args, options, 
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
 
 
+def test_identity_init_refuses_a_module_that_is_not_a_room_layer():
+    with pytest.raises(TypeError, match="takes a room layer"):
+        identity_equivalent_init_(torch.nn.Linear(4, 4))
+
+
 def test_unsupported_and_already_converted_models_are_refused():
     model = _converted("kromhc")
     with pytest.raises(TypeError, match="already converted"):

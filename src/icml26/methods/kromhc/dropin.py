@@ -61,7 +61,7 @@ from .layers import HC, MHC, LAYERS, HyperConnection, HyperResidual
 __all__ = ["convert_to_hyper_connections", "drop_in_options", "identity_equivalent_init_"]
 
 INITS = ("identity", "official")
-KINDS = tuple(LAYERS)
+DROP_IN_KINDS = tuple(LAYERS)
 """The hyper-connections a host can be converted to: hc, mhc, mhc_lite, kromhc."""
 
 
@@ -72,8 +72,8 @@ def drop_in_options(kind: str = "kromhc", num_streams: int = 4, *, init: str = "
     ``options`` are :class:`HyperConnectionConfig` fields (``sinkhorn_iters``, ``scale_init``, ``res_logit_gap``,
     ``hc_tanh``, ``home_stream``, ``seed``, ``max_permutations``); ``init`` is 'identity' or 'official'.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind not in DROP_IN_KINDS:
+        raise ValueError(f"kind must be one of {DROP_IN_KINDS}, got {kind!r}")
     if isinstance(num_streams, bool) or not isinstance(num_streams, int):
         raise TypeError(f"num_streams must be an int, got {type(num_streams).__name__} {num_streams!r}")
     if num_streams < 2:
@@ -95,6 +95,9 @@ def identity_equivalent_init_(layer: HyperConnection) -> HyperConnection:
     q = 1 / (e + n - 1) (H_pre sums to 1; see the module docstring). HC's official init already qualifies and is
     left as it is. Returns ``layer``.
     """
+    if not isinstance(layer, HyperConnection):
+        raise TypeError(f"identity_equivalent_init_ takes a room layer (HC, MHC, MHCLite, KromHC), got "
+                        f"{type(layer).__name__}")
     if isinstance(layer, HC):
         return layer
     n, home = layer.num_streams, layer.home_stream
