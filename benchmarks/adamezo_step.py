@@ -1,15 +1,20 @@
-"""Step time and peak memory of MeZO, AdaMeZO and backprop Adam on the tiny LM and on SmolLM2-135M.
+"""Step time of MeZO, AdaMeZO (and backprop Adam) on SmolLM2-135M or the tiny LM, arms interleaved in one process.
 
-Each (model, optimizer) pair runs in its own subprocess so that ``ru_maxrss`` is that pair's true peak.
-Writes one JSON file (atomically) with per-pair medians and ratios to MeZO measured in the same run.
+For each (model, mode, thread count) one model is built and every arm's optimizer steps on it in turn, round
+after round, so machine load hits all arms alike; the JSON keeps every step time, the medians, the ratio of the
+medians to MeZO and the median of the per-round ratios. AdaMeZO is warmed past its MeZO phase (window + 1
+steps), so every timed step is an adaptive one. ``mode="lora"`` is MeZO's --lora setting (r=8, alpha=16 on
+q_proj and v_proj, only the LoRA factors perturbed); ``"full"`` perturbs every weight. ``--memory`` adds each
+arm's peak RSS, each arm in its own subprocess (``ru_maxrss`` is per process).
 
-    python benchmarks/adamezo_step.py --models tiny smollm2 --steps 10 --out results/benchmarks/adamezo_step.json
+    python benchmarks/adamezo_step.py --models smollm2 --modes full lora --threads 1 2 --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -19,11 +24,9 @@ import time
 ARMS = ("mezo", "adamezo", "adam")
 
 
-def worker(model_name: str, arm: str, steps: int, window: int) -> dict:
+def build(model_name: str, mode: str):
+    """(model, closure, trainable parameters); the closure is the batch loss (4 x 64 tokens for SmolLM2)."""
     import torch
-
-    from icml26.core.memory import current_rss_bytes, optimizer_state_bytes
-    from icml26.methods.adamezo import AdaMeZO, MeZO
 
     torch.manual_seed(0)
     if model_name == "tiny":
@@ -38,9 +41,23 @@ def worker(model_name: str, arm: str, steps: int, window: int) -> dict:
         model, _ = load_smollm2()
         ids = torch.randint(0, model.config.vocab_size, (4, 64))
         loss_fn = lambda: model(input_ids=ids, labels=ids).loss  # noqa: E731
+    if mode == "lora":
+        import peft
+
+        targets = ["q_proj", "v_proj"] if model_name == "smollm2" else None
+        if targets is None:
+            raise ValueError("mode 'lora' needs a transformers model (--models smollm2)")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                           target_modules=targets))
     model.eval()
-    params = [p for p in model.parameters() if p.requires_grad]
-    base_rss = current_rss_bytes()
+    return model, loss_fn, [p for p in model.parameters() if p.requires_grad]
+
+
+def make_step(arm: str, params, loss_fn, window: int):
+    import torch
+
+    from icml26.methods.adamezo import AdaMeZO, MeZO
+
     if arm == "adam":
         opt = torch.optim.Adam(params, lr=1e-5)
 
@@ -48,58 +65,120 @@ def worker(model_name: str, arm: str, steps: int, window: int) -> dict:
             opt.zero_grad(set_to_none=True)
             loss_fn().backward()
             opt.step()
-    else:
-        opt = MeZO(params, lr=1e-7) if arm == "mezo" else AdaMeZO(params, lr=1e-7, window=window)
+        return opt, step, 1
+    opt = MeZO(params, lr=1e-7) if arm == "mezo" else AdaMeZO(params, lr=1e-7, window=window)
+    return opt, (lambda: opt.step(loss_fn)), (window + 1 if arm == "adamezo" else 1)
 
-        def step():
-            opt.step(loss_fn)
-    # Warm up past AdaMeZO's MeZO phase (window + 1 steps) so the timed steps are adaptive ones.
-    for _ in range(window + 2 if arm == "adamezo" else 2):
+
+def machine(threads: int) -> dict:
+    """What a number in a card must name: CPU, cores, threads, torch and its BLAS, commit, load."""
+    import torch
+
+    from icml26.harness.runner import _git
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    config = torch.__config__.show()
+    blas = next((line.split("=", 1)[1].strip() for line in config.splitlines() if "BLAS_INFO" in line), "unknown")
+    return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
+            "blas": blas, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "platform": platform.platform(),
+            "git_sha": _git("rev-parse", "HEAD") or "unknown", "git_dirty": bool(_git("status", "--porcelain")),
+            "loadavg_start": os.getloadavg()}
+
+
+def measure(model_name: str, mode: str, arms: list[str], threads: int, rounds: int, window: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    info = machine(threads)
+    model, loss_fn, params = build(model_name, mode)
+    steps = {}
+    for arm in arms:
+        opt, steps[arm], warm = make_step(arm, params, loss_fn, window)
+        for _ in range(warm + 1):  # past AdaMeZO's MeZO phase, plus one step of first-call allocations
+            steps[arm]()
+    wall = {arm: [] for arm in arms}
+    for _ in range(rounds):
+        for arm in arms:
+            start = time.perf_counter()
+            steps[arm]()
+            wall[arm].append(time.perf_counter() - start)
+    rows = []
+    for arm in arms:
+        rows.append({"arm": arm, "step_s_median": statistics.median(wall[arm]), "step_s_all": wall[arm],
+                     "ratio_to_mezo_of_medians": statistics.median(wall[arm]) / statistics.median(wall["mezo"]),
+                     "ratio_to_mezo_median_per_round": statistics.median(
+                         a / b for a, b in zip(wall[arm], wall["mezo"]))})
+    info["loadavg_end"] = os.getloadavg()
+    return {"model": model_name, "mode": mode, "threads": threads, "rounds": rounds, "window": window,
+            "n_trainable": sum(p.numel() for p in params), "machine": info, "rows": rows}
+
+
+def peak_worker(model_name: str, mode: str, arm: str, window: int) -> dict:
+    """Peak RSS of one arm alone (run in its own process)."""
+    from icml26.core.memory import current_rss_bytes, optimizer_state_bytes
+
+    _, loss_fn, params = build(model_name, mode)
+    base = current_rss_bytes()
+    opt, step, warm = make_step(arm, params, loss_fn, window)
+    for _ in range(warm + 2):
         step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"model": model_name, "arm": arm, "n_params": sum(p.numel() for p in params),
-            "step_s_median": statistics.median(times), "step_s_all": times, "peak_rss_bytes": peak,
-            "rss_after_model_bytes": base_rss, "optimizer_state_bytes": optimizer_state_bytes(opt)}
+    return {"model": model_name, "mode": mode, "arm": arm, "peak_rss_bytes": peak, "rss_after_model_bytes": base,
+            "optimizer_state_bytes": optimizer_state_bytes(opt)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["tiny", "smollm2"], choices=["tiny", "smollm2"])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--models", nargs="+", default=["smollm2"], choices=["tiny", "smollm2"])
+    parser.add_argument("--modes", nargs="+", default=["full", "lora"], choices=["full", "lora"])
+    parser.add_argument("--arms", nargs="+", default=["mezo", "adamezo"], choices=ARMS)
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--window", type=int, default=10)
+    parser.add_argument("--memory", action="store_true", help="also each arm's peak RSS, one subprocess per arm")
     parser.add_argument("--out", default="results/benchmarks/adamezo_step.json")
-    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "ARM"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=3, metavar=("MODEL", "MODE", "ARM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker, args.steps, args.window)))
+        print(json.dumps(peak_worker(*args.worker, args.window)))
         return
+    if "mezo" not in args.arms:
+        raise ValueError("--arms must include mezo: every ratio is to MeZO")
+    if any(t < 1 for t in args.threads):
+        raise ValueError(f"--threads must be positive, got {args.threads}")
 
     from icml26.core.io import atomic_write_json
-    from icml26.core.memory import run_isolated
 
-    rows = []
+    runs = []
     for model_name in args.models:
-        for arm in ARMS:
-            print(f"benchmarking {model_name} / {arm} ...", file=sys.stderr, flush=True)
-            rows.append(run_isolated(__file__, "--worker", model_name, arm, "--steps", str(args.steps),
-                                     "--window", str(args.window)))
-    for row in rows:
-        ref = next(r for r in rows if r["model"] == row["model"] and r["arm"] == "mezo")
-        row["step_time_ratio_to_mezo"] = row["step_s_median"] / ref["step_s_median"]
-        row["peak_rss_ratio_to_mezo"] = row["peak_rss_bytes"] / ref["peak_rss_bytes"]
-        row["extra_peak_over_model_mib"] = (row["peak_rss_bytes"] - row["rss_after_model_bytes"]) / 2**20
-    atomic_write_json(args.out, {"benchmark": "adamezo_step", "platform": platform.platform(),
-                                 "torch_threads": __import__("torch").get_num_threads(), "steps": args.steps,
-                                 "window": args.window, "rows": rows})
-    for r in rows:
-        print(f"{r['model']:8s} {r['arm']:8s} step {r['step_s_median'] * 1e3:8.1f} ms  "
-              f"x{r['step_time_ratio_to_mezo']:.2f} of MeZO   peak RSS {r['peak_rss_bytes'] / 2**20:7.0f} MiB "
-              f"(+{r['extra_peak_over_model_mib']:.0f} over model)   state {r['optimizer_state_bytes']} B")
+        for mode in (args.modes if model_name == "smollm2" else ["full"]):
+            for threads in args.threads:
+                print(f"benchmarking {model_name} / {mode} / {threads} thread(s) ...", file=sys.stderr, flush=True)
+                run = measure(model_name, mode, args.arms, threads, args.rounds, args.window)
+                runs.append(run)
+                for r in run["rows"]:
+                    print(f"{model_name:8s} {mode:5s} threads={threads} {r['arm']:8s} step "
+                          f"{r['step_s_median'] * 1e3:8.1f} ms  x{r['ratio_to_mezo_of_medians']:.2f} of MeZO "
+                          f"(per-round median x{r['ratio_to_mezo_median_per_round']:.2f})  "
+                          f"load {run['machine']['loadavg_start'][0]:.1f}->{run['machine']['loadavg_end'][0]:.1f}",
+                          flush=True)
+    memory = []
+    if args.memory:
+        from icml26.core.memory import run_isolated
+
+        for model_name in args.models:
+            for mode in (args.modes if model_name == "smollm2" else ["full"]):
+                for arm in args.arms:
+                    memory.append(run_isolated(__file__, "--worker", model_name, mode, arm,
+                                               "--window", str(args.window)))
+                    print(f"{model_name:8s} {mode:5s} {arm:8s} peak RSS {memory[-1]['peak_rss_bytes'] / 2**20:.0f} "
+                          f"MiB, state {memory[-1]['optimizer_state_bytes']} B", flush=True)
+    atomic_write_json(args.out, {"benchmark": "adamezo_step", "command": sys.argv, "runs": runs, "memory": memory})
     print(f"wrote {args.out}")
 
 
