@@ -328,3 +328,26 @@ def test_promptfl_context_starts_at_the_zero_shot_prompt_and_trains(encoder, tas
     assert 0.0 <= out["final"]["hm"] <= 1.0
     with pytest.raises(ValueError, match="photo"):
         class_names(["the digit one"])
+
+
+# ---------------------------------------------------------------- FedCLIP-style adapter baseline
+def test_fedclip_adapter_starts_at_zero_shot_and_trains(encoder, task):
+    """Round 0 of the adapter is the zero-shot model (uniform attention, removed by CLIP's normalisation); after
+    training the adapter moved and the returned accuracies are those of the returned adapter on the frozen towers."""
+    import torch.nn.functional as F
+    from icml26.methods.feddtl.baselines import AttentionAdapter, run_fedclip
+    from icml26.methods.feddtl.reference import zero_shot
+    x = render_compositional(torch.arange(7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        adapted = F.normalize(AttentionAdapter(TINY.embed_dim)(encoder.vision(x)), dim=-1)
+        assert torch.allclose(adapted, encoder.encode_image(x), atol=1e-6)
+    untrained = run_fedclip(encoder, task, small_cfg(rounds=1, lr=1e-12), seed=0)
+    assert untrained["final"] == pytest.approx(zero_shot(encoder, task, small_cfg(), 0), abs=1e-6)
+    out = run_fedclip(encoder, task, small_cfg(lr=3e-2), seed=0)
+    assert out["adapter"].attn[2].weight.abs().sum() > 0
+    with torch.no_grad():
+        z = F.normalize(out["adapter"](encoder.vision(task.test_base_x)), dim=-1)
+        pred = (z @ encoder.encode_text(task.prompts[:task.n_base]).T).argmax(-1)
+    assert out["final"]["base_accuracy"] == pytest.approx(float((pred == task.test_base_y).float().mean()))
+    again = run_fedclip(encoder, task, small_cfg(lr=3e-2), seed=0)
+    assert again["final"] == out["final"]

@@ -1,14 +1,20 @@
-"""PromptFL baseline (Guo et al., 2023): federated prompt learning with CLIP frozen.
+"""Baselines with CLIP frozen: PromptFL (Guo et al., 2023) and a FedCLIP-style adapter (Lu et al., 2023).
+
+PromptFL: federated prompt learning.
 
 Each client learns ``n_ctx`` continuous context vectors that replace the words "a photo of a" in the prompt
 (CoOp-style, one context shared by all classes, initialised from the embeddings of those words so that round 0 is the
 zero-shot model exactly); the server averages the context vectors (sample-weighted FedAvg). Both towers stay frozen,
 so the image embeddings are computed once. Local epochs and rounds are the same as for the other arms.
+
+FedCLIP (arXiv 2302.13485): an attention-based adapter on the image features (AttAI), the only trained and averaged
+part; the text embeddings stay the pretrained ones. See :class:`AttentionAdapter` for the reconstructed details.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import FedDTLConfig
@@ -80,14 +86,86 @@ def run_promptfl(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, s
         ctx = fedavg(states, weights)["ctx"]
     with torch.no_grad():
         emb = prompt_text_embeddings(model, ctx, names)
+    return {"final": accuracies(model.encode_image, emb, task), "ctx": ctx}
 
-        def acc(x, y, e, offset):
-            z = torch.cat([model.encode_image(x[i:i + 256].to(dev)) for i in range(0, len(x), 256)])
-            return float(((z @ e.T).argmax(-1).cpu() + offset == y).float().mean())
 
-        nb = task.n_base
-        base = acc(task.test_base_x, task.test_base_y, emb[:nb], 0)
-        novel = acc(task.test_novel_x, task.test_novel_y, emb[nb:], nb)
-        val = acc(task.val_x, task.val_y, emb[:nb], 0)
+@torch.no_grad()
+def accuracies(encode, text_emb: torch.Tensor, task: FederatedTask) -> dict:
+    """Base, novel, HM and validation accuracy of ``argmax_c <encode(x), text_emb_c>`` (as ``reference.evaluate``).
+
+    ``encode``: images ``(n, 3, S, S)`` -> embeddings ``(n, d)``; ``text_emb``: ``(C_base + C_novel, d)``.
+    """
+    dev = text_emb.device
+
+    def acc(x, y, e, offset):
+        z = torch.cat([encode(x[i:i + 256].to(dev)) for i in range(0, len(x), 256)])
+        return float(((z @ e.T).argmax(-1).cpu() + offset == y).float().mean())
+
+    nb = task.n_base
+    base = acc(task.test_base_x, task.test_base_y, text_emb[:nb], 0)
+    novel = acc(task.test_novel_x, task.test_novel_y, text_emb[nb:], nb)
+    val = acc(task.val_x, task.val_y, text_emb[:nb], 0)
     hm = 2 * base * novel / (base + novel) if base + novel > 0 else 0.0
-    return {"final": {"base_accuracy": base, "novel_accuracy": novel, "hm": hm, "val_accuracy": val}, "ctx": ctx}
+    return {"base_accuracy": base, "novel_accuracy": novel, "hm": hm, "val_accuracy": val}
+
+
+class AttentionAdapter(nn.Module):
+    """FedCLIP's attention-based adapter (AttAI) on the image features: ``I * softmax(W2 tanh(W1 I + b1) + b2)``.
+
+    Input and output ``(n, d)`` (``d`` = joint embedding size); the attention is over the ``d`` feature
+    dimensions. The last layer starts at zero ([REC]), so the attention starts uniform (1/d) and, after the unit
+    normalisation CLIP applies, round 0 is the zero-shot model exactly (as PromptFL's context starts at the
+    template words).
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.attn = nn.Sequential(nn.Linear(dim, dim), nn.Tanh(), nn.Linear(dim, dim), nn.Softmax(dim=-1))
+        nn.init.zeros_(self.attn[2].weight)
+        nn.init.zeros_(self.attn[2].bias)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        return feats * self.attn(feats)
+
+
+def run_fedclip(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, seed: int) -> dict:
+    """FedCLIP-style baseline: both towers frozen, each client trains an :class:`AttentionAdapter` on its image
+    features with cross-entropy against the frozen base-class text embeddings (``cfg.sft_epochs`` local epochs, Adam
+    ``cfg.lr``), the server takes the sample-weighted FedAvg of the adapter, for ``cfg.rounds`` rounds.
+
+    Returns ``{"final": {base_accuracy, novel_accuracy, hm, val_accuracy}, "adapter": the global AttentionAdapter}``.
+    """
+    model = encoder
+    for p in model.parameters():
+        p.requires_grad_(False)
+    dev = model.logit_scale.device
+    with torch.no_grad():
+        text = model.encode_text(task.prompts)
+        feats = [torch.cat([model.vision(x[i:i + 256].to(dev)) for i in range(0, len(x), 256)])
+                 for x in task.client_x]                          # (n_k, d), before CLIP's normalisation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_seed(seed, 23))
+        adapter = AttentionAdapter(text.shape[1]).to(dev)
+    for t in range(1, cfg.rounds + 1):
+        states, weights = [], []
+        for k, (f, y) in enumerate(zip(feats, task.client_y)):
+            g = torch.Generator().manual_seed(_seed(seed, t, k, 11))
+            local = AttentionAdapter(text.shape[1]).to(dev)
+            local.load_state_dict(adapter.state_dict())
+            opt = torch.optim.Adam(local.parameters(), lr=cfg.lr)
+            y = y.to(dev)
+            for _ in range(cfg.sft_epochs):
+                order = torch.randperm(len(f), generator=g).to(dev)
+                for i in range(0, len(f), cfg.batch_size):
+                    idx = order[i:i + cfg.batch_size]
+                    logits = model.scale * F.normalize(local(f[idx]), dim=-1) @ text[: task.n_base].T
+                    loss = F.cross_entropy(logits, y[idx])
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+            states.append({n: v.detach() for n, v in local.state_dict().items()})
+            weights.append(len(f))
+        adapter.load_state_dict(fedavg(states, weights))
+    adapter.eval()
+    return {"final": accuracies(lambda x: F.normalize(adapter(model.vision(x)), dim=-1), text, task),
+            "adapter": adapter}

@@ -10,11 +10,11 @@ Protocol (pre-registered in README.md; identical for every arm):
    LoRA on the last 2 vision blocks): zero_shot; fedlora (SFT every round, FedAvg of the vision LoRA, frozen text
    tower); feddtl (server text-LoRA training on uploaded embeddings + SFT for M = 5 rounds, then RL); ablations
    decoupled_only (server text training, SFT every round) and two_stage_only (SFT then RL, frozen text tower);
-   the ablations and PromptFL (added after the quick-tier run, not part of any statistic) run at the smoke and
-   full tiers only (quick-tier time budget).
+   the ablations, PromptFL and the FedCLIP-style adapter (both added after the quick-tier run, not part of any
+   statistic) run at the smoke and full tiers only (quick-tier time budget).
 4. Tuning: the client learning rate of fedlora and feddtl, each on LogGrid(center 1e-3, factor 3, size 3) around
    the paper's Adam 1e-3, scored by base-class validation accuracy on tuning seed 1000; ablations reuse feddtl's
-   (PromptFL, where it runs, gets its own grid of the same size).
+   (PromptFL and FedCLIP, where they run, each get their own grid of the same size).
 5. Statistics (per seed, paired): base_gain = base acc(feddtl) - base acc(fedlora) >= 0.01;
    novel_gain = novel acc(feddtl) - novel acc(fedlora) >= 0.01.
 """
@@ -32,14 +32,16 @@ import torch
 from ...core.progress import progress
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import LogGrid, tune_per_arm
-from .baselines import run_promptfl
+from .baselines import run_fedclip, run_promptfl
 from .config import EncoderConfig, FedDTLConfig
 from .data import digit_prompt, label_skew, make_task, sklearn_digits_images
 from .model import load_pretrained, zero_shot_accuracy
 from .reference import run_federation, zero_shot
 
 ROOM = "feddtl"
-ARMS = ("feddtl", "fedlora", "zero_shot", "decoupled_only", "two_stage_only", "promptfl")
+ARMS = ("feddtl", "fedlora", "zero_shot", "decoupled_only", "two_stage_only", "promptfl", "fedclip")
+FROZEN_TOWER_ARMS = {"promptfl": run_promptfl, "fedclip": run_fedclip}
+"""Baselines that train only a small module with both towers frozen, at fedlora's rounds and SFT local epochs."""
 SWITCHES = {"feddtl": (True, True), "fedlora": (False, False), "decoupled_only": (True, False),
             "two_stage_only": (False, True)}
 """arm -> (decoupled, two_stage)."""
@@ -65,8 +67,8 @@ def _task(config: Mapping[str, Any], seed: int):
 def _federate(config: Mapping[str, Any], arm: str, lr: float, seed: int, eval_every: int = 0) -> dict:
     torch.set_num_threads(1)
     encoder = _encoder(json.dumps(dict(config["encoder"]), sort_keys=True))
-    if arm == "promptfl":  # frozen towers, learned prompt context averaged; same rounds, SFT local epochs
-        return run_promptfl(encoder, _task(config, seed), _fed_cfg(config, "fedlora", lr), seed)
+    if arm in FROZEN_TOWER_ARMS:  # prompt context / image-feature adapter averaged; same rounds, SFT local epochs
+        return FROZEN_TOWER_ARMS[arm](encoder, _task(config, seed), _fed_cfg(config, "fedlora", lr), seed)
     return run_federation(encoder, _task(config, seed), _fed_cfg(config, arm, lr), seed, eval_every=eval_every)
 
 
@@ -83,7 +85,7 @@ def _prepare(config_json: str) -> str:
     encoder = _encoder(json.dumps(dict(config["encoder"]), sort_keys=True))
     dx, dy = sklearn_digits_images(encoder.cfg.image_size)
     digits = zero_shot_accuracy(encoder, dx, dy, [digit_prompt(d) for d in range(10)])
-    tuned = ("feddtl", "fedlora") + (("promptfl",) if config.get("promptfl") else ())
+    tuned = ("feddtl", "fedlora") + tuple(arm for arm in FROZEN_TOWER_ARMS if config.get(arm))
     grids = {arm: LogGrid(center=1e-3, factor=3.0, size=3, upper=0.1) for arm in tuned}
     tuning = tune_per_arm(grids, lambda arm, lr, s: _federate(config, arm, lr, s)["final"]["val_accuracy"],
                           mode="max", desc="feddtl tuning")
@@ -97,7 +99,7 @@ def _seed_run(config_json: str, seed: int, lrs_json: str) -> dict:
     encoder = _encoder(json.dumps(config["encoder"], sort_keys=True))
     arms, curves, extra = {}, {}, {}
     arm_list = list(ARMS[:3]) + (list(ARMS[3:5]) if config["ablations"] else []) + \
-        (["promptfl"] if config.get("promptfl") else [])
+        [arm for arm in FROZEN_TOWER_ARMS if config.get(arm)]
     for arm in progress(arm_list, desc=f"feddtl seed {seed}"):
         start = time.perf_counter()
         if arm == "zero_shot":
@@ -153,7 +155,7 @@ TIERS = {
     "smoke": {"encoder": _SMOKE_ENCODER, "n_base": 4, "n_novel": 3, "num_clients": 3, "train_per_class": 8,
               "val_per_class": 3, "test_per_class": 4, "split": "dirichlet", "alpha": 0.1, "rounds": 2,
               "sft_rounds": 1, "sft_epochs": 1, "rl_epochs": 1, "batch_size": 16, "server_epochs": 1,
-              "eval_every": 0, "ablations": True, "promptfl": True},
+              "eval_every": 0, "ablations": True, "promptfl": True, "fedclip": True},
     "quick": {"encoder": {}, "n_base": 10, "n_novel": 10, "num_clients": 5, "train_per_class": 32,
               "val_per_class": 10, "test_per_class": 30, "split": "dirichlet", "alpha": 0.1, "rounds": 10,
               "sft_rounds": 5, "sft_epochs": 2, "rl_epochs": 3, "batch_size": 32, "server_epochs": 1,
@@ -161,7 +163,7 @@ TIERS = {
     "full": {"encoder": {}, "n_base": 20, "n_novel": 20, "num_clients": 5, "train_per_class": 100,
              "val_per_class": 20, "test_per_class": 50, "split": "dirichlet", "alpha": 0.1, "rounds": 20,
              "sft_rounds": 10, "sft_epochs": 2, "rl_epochs": 3, "batch_size": 64, "server_epochs": 1,
-             "eval_every": 2, "ablations": True, "promptfl": True},
+             "eval_every": 2, "ablations": True, "promptfl": True, "fedclip": True},
 }
 SEEDS = {"smoke": 1, "quick": 5, "full": 5}
 _CHECKS = (
