@@ -2,7 +2,9 @@
 
 A method subclasses :class:`AdapterLinear`, declares its parameter ``prefix`` and implements ``delta_weight``
 (and, where it is cheaper, ``adapter_forward``). Everything else lives here, so every adapter room gets the
-same contract, checked by ``tests/families/test_adapters_common.py``.
+same contract, checked by ``tests/families/test_adapters_common.py``. :class:`PeftLoRA` /
+:func:`peft_lora_adapters` show the adapters of a Hugging Face peft LoRA model through the same small surface, so
+code that acts on LoRA factors (a penalty, an optimizer) also works on peft models.
 """
 
 from .base import AdapterConfig, AdapterLinear, LoRALinear
