@@ -7,17 +7,24 @@ standardisation, clip to +-100), then an ensemble of ``n_estimators`` members th
 a circular shift of the class ids and a normalisation (``"none"`` or Yeo-Johnson ``"power"``); member logits are
 un-shifted, averaged, and turned into probabilities by softmax(logits / 0.9).
 
-Limits, stated plainly: at most ``max_classes`` (10) classes — the official hierarchical scheme above 10 classes is
-not implemented and ``fit`` raises ``ValueError`` naming the limit; missing values (NaN) are imputed with the training
-column mean (the official code handles them inside its preprocessing too; the policy here is ours); infinite values
-raise. The shipped checkpoint (``checkpoints/tabicl2_tiny.pt``) was pretrained on tables of at most 256 rows and
-16 features; larger tables run, but outside the pretraining range. Official checkpoints cannot be loaded (their
+More than ``max_classes`` (10) classes use the official many-class scheme with the same checkpoint (no retraining;
+:func:`many_class_proba`): the column stage runs once per digit of a balanced mixed-radix code of the labels (every
+digit has <= 10 values) and averages, and the in-context stage walks a tree of <= 10-way nodes, multiplying the
+group probabilities down to the classes. Members average ``T * log p`` (``T`` = ``softmax_temperature``), as the
+official estimator averages its ``return_logits`` output.
+
+Limits, stated plainly: missing values (NaN) are imputed with the training column mean (the official code handles
+them inside its preprocessing too; the policy here is ours); infinite values raise. The shipped checkpoint
+(``checkpoints/tabicl2_tiny.pt``) was pretrained on tables of at most 256 rows, 16 features and 10 classes; larger
+tables and the many-class path run, but outside the pretraining range. Official checkpoints cannot be loaded (their
 network has other sizes and parameter names).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -78,6 +85,106 @@ def _encode_objects(X, categories: list | None):
             index = {c: i for i, c in enumerate(cats)}
             out[:, j] = [index.get(str(v), np.nan) if v is not None and v == v else np.nan for v in col]
     return out, categories
+
+
+# ---------------------------------------------------------------------------------------------- many classes
+# Design read from soda-inria/tabicl @ 8f1aa20: ``_model/embedding.py`` (``_compute_mixed_radix_bases``,
+# ``_extract_mixed_radix_digit``: column stage) and ``_model/learning.py`` (``_grouping``, ``_fit_node``,
+# ``_predict_hierarchical``: in-context stage). Our own code.
+
+def mixed_radix_bases(n_classes: int, max_classes: int) -> list[int]:
+    """Balanced bases [k_0 .. k_{D-1}], each <= max_classes, with prod k_i >= n_classes and D as small as possible.
+
+    D = ceil(log n / log M) digits of base ceil(n^(1/D)) (capped at M); if the product still falls short, bases are
+    raised by one from the first digit on. E.g. (25, 10) -> [5, 5]; (101, 10) -> [5, 5, 5]; (7, 10) -> [7].
+    """
+    if n_classes <= max_classes:
+        return [n_classes]
+    digits = math.ceil(math.log(n_classes) / math.log(max_classes))
+    base = min(math.ceil(n_classes ** (1.0 / digits)), max_classes)
+    # a guard, in integers, against a floating-point root that rounds below the exact one
+    bases = [base] * digits
+    for i in range(digits):
+        if math.prod(bases) >= n_classes:
+            break
+        bases[i] = min(bases[i] + 1, max_classes)
+    return bases
+
+
+def mixed_radix_digit(y: torch.Tensor, digit: int, bases: list[int]) -> torch.Tensor:
+    """Digit ``digit`` (most significant first) of labels ``y`` in the mixed radix ``bases``: values in
+    [0, bases[digit]). Each digit is a coarser labelling that the <= M-way label embedding can take."""
+    return (y // math.prod(bases[digit + 1:])) % bases[digit]
+
+
+def balanced_groups(n: int, max_classes: int) -> np.ndarray:
+    """Group id [n] of n sorted classes split into min(ceil(n / M), M) contiguous groups whose sizes differ by at
+    most one (larger groups first): (25, 10) -> sizes [9, 8, 8]; (101, 10) -> [11, 10, ..., 10]."""
+    k = min(math.ceil(n / max_classes), max_classes)
+    sizes = [n // k + (i < n % k) for i in range(k)]
+    return np.repeat(np.arange(k), sizes)
+
+
+@dataclass
+class ClassNode:
+    """A node of the class tree: the sorted global class ids under it and, unless a leaf, its children (one per
+    group; ``group_of[c]`` is the group of class ``classes[c]``)."""
+
+    classes: np.ndarray
+    group_of: np.ndarray | None = None
+    children: list = field(default_factory=list)
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+def class_tree(classes: np.ndarray, max_classes: int) -> ClassNode:
+    """Tree over ``classes`` whose every node has <= max_classes children (leaves hold <= max_classes classes)."""
+    classes = np.asarray(classes)
+    if len(classes) <= max_classes:
+        return ClassNode(classes)
+    group_of = balanced_groups(len(classes), max_classes)
+    return ClassNode(classes, group_of,
+                     [class_tree(classes[group_of == g], max_classes) for g in range(group_of.max() + 1)])
+
+
+@torch.no_grad()
+def many_class_proba(model: TabICL, X: torch.Tensor, y_train: torch.Tensor, n_classes: int,
+                     temperature: float, max_classes: int | None = None) -> torch.Tensor:
+    """Class probabilities (T - n_train, n_classes) of the test rows of one table, for any number of classes.
+
+    X (T, H) standardised (training rows first), y_train (n_train,) int64 in [0, n_classes). Column stage: one
+    pass per mixed-radix digit of the labels, embeddings averaged. In-context stage: at each node of
+    :func:`class_tree`, the node's training rows (relabelled by child group, or by class at a leaf) are the context
+    for every test row; softmax(logits / temperature) over the node's groups, multiplied down the tree. With
+    n_classes <= max_classes this is one digit and one leaf: ``model.predict_proba`` exactly.
+
+    ``max_classes`` (default: the network's, 10) bounds the digit bases and the node width; a smaller value forces
+    the tree on fewer classes (used by the tests to compare the tree with the flat 10-way head).
+    """
+    M, n_train = max_classes or model.cfg.max_classes, len(y_train)
+    if not 2 <= M <= model.cfg.max_classes:
+        raise ValueError(f"max_classes must lie in [2, {model.cfg.max_classes}] (the network's head), got {M}")
+    bases = mixed_radix_bases(n_classes, M)
+    emb = sum(model.col(X[None], mixed_radix_digit(y_train, d, bases)[None]) for d in range(len(bases)))
+    R = model.row(emb / len(bases))[0]  # (T, D); shared by every node
+    R_train, R_test = R[:n_train], R[n_train:]
+
+    def node_proba(node: ClassNode, rows: torch.Tensor) -> torch.Tensor:
+        """P(class | node's classes) for the test rows, scattered into (n_test, n_classes)."""
+        local = torch.as_tensor(np.searchsorted(node.classes, y_train[rows].cpu().numpy()), device=X.device)
+        labels = local if node.is_leaf else torch.as_tensor(node.group_of, device=X.device)[local]
+        k = len(node.classes) if node.is_leaf else len(node.children)
+        context = torch.cat([R_train[rows], R_test])[None]
+        p = (model.icl(context, labels[None])[0, len(rows):, :k] / temperature).softmax(-1)
+        if node.is_leaf:
+            out = p.new_zeros(len(R_test), n_classes)
+            out[:, torch.as_tensor(node.classes, device=X.device)] = p
+            return out
+        return sum(p[:, g:g + 1] * node_proba(child, rows[labels == g]) for g, child in enumerate(node.children))
+
+    return node_proba(class_tree(np.arange(n_classes), M), torch.arange(n_train, device=X.device))
 
 
 class TabICLClassifier(ClassifierMixin, BaseEstimator):
@@ -186,9 +293,6 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
         device = torch.device(self.device if self.device is not None else
                               ("cuda" if torch.cuda.is_available() else "cpu"))
         model = load_model(self.model_path, device)
-        if self.n_classes_ > model.cfg.max_classes:
-            raise ValueError(f"TabICLClassifier supports at most {model.cfg.max_classes} classes (the hierarchical "
-                             f"scheme for more classes is not implemented), got {self.n_classes_}")
         # preprocessing state from the training rows
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-missing columns get 0
@@ -228,8 +332,21 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
                 X = np.clip(np.nan_to_num(member["power"].transform(X)), -100, 100)
         return X[:, member["perm"]]
 
+    def _member_logits(self, table: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+        """Logits (n_test, C) of one member's table (T, H) with training labels y (n_train,), in member class ids.
+        Above max_classes: temperature * log of the many-class probabilities (softmax(. / T) gives them back)."""
+        C = self.n_classes_
+        table, y = table.to(self.device_), y.to(self.device_)
+        if C <= self.model_.cfg.max_classes:
+            out = self.model_(table[None], y[None])[0, :, :C]
+        else:
+            proba = many_class_proba(self.model_, table, y, C, self.softmax_temperature)
+            out = self.softmax_temperature * torch.log(proba.clamp_min(1e-30))
+        return out.cpu().double().numpy()
+
     def predict_logits(self, X) -> np.ndarray:
-        """Ensemble-averaged logits (n_samples, n_classes) before the temperature softmax."""
+        """Ensemble-averaged logits (n_samples, n_classes) before the temperature softmax (for more than
+        ``max_classes`` classes each member contributes ``softmax_temperature * log p``)."""
         check_is_fitted(self, "model_")
         X = self._standardise(self._to_float(X, reset=False))
         C = self.n_classes_
@@ -238,12 +355,9 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
             tr = torch.as_tensor(self._member_table(member, self.X_train_), dtype=torch.float32)
             te = torch.as_tensor(self._member_table(member, X), dtype=torch.float32)
             y = torch.as_tensor((self.y_train_ + member["shift"]) % C, dtype=torch.long)
-            out = []
             with torch.no_grad():
-                for s in range(0, len(te), self.test_batch_size):
-                    table = torch.cat([tr, te[s:s + self.test_batch_size]])[None].to(self.device_)
-                    out.append(self.model_(table, y[None].to(self.device_))[0, :, :C].cpu().double().numpy())
-            logits = np.concatenate(out)
+                logits = np.concatenate([self._member_logits(torch.cat([tr, te[s:s + self.test_batch_size]]), y)
+                                         for s in range(0, len(te), self.test_batch_size)])
             # member class c' = (c + shift) % C, so the logit of original class c sits at column (c + shift) % C
             total += logits[:, (np.arange(C) + member["shift"]) % C]
         return total / len(self.members_)
