@@ -33,9 +33,9 @@ README = Path(__file__).resolve().parents[2] / "src/icml26/methods/starembed/REA
 # error before any data is read). Every other check in check_estimator feeds np.random 2-D arrays, which are not
 # light curves; see the twins below.
 API_CHECKS = ("check_estimator_cloneable", "check_estimator_tags_renamed", "check_valid_tag_types",
-              "check_estimator_repr", "check_no_attributes_set_in_init", "check_do_not_raise_errors_in_init_or_set_params",
-              "check_mixin_order", "check_transformer_n_iter", "check_parameters_default_constructible",
-              "check_get_params_invariance", "check_set_params")
+              "check_estimator_repr", "check_no_attributes_set_in_init",
+              "check_do_not_raise_errors_in_init_or_set_params", "check_mixin_order", "check_transformer_n_iter",
+              "check_parameters_default_constructible", "check_get_params_invariance", "check_set_params")
 FITTED_ONLY_CHECKS = ("check_estimators_unfitted", "check_transformers_unfitted")  # estimators with requires_fit
 
 

@@ -10,7 +10,8 @@ from .tsfm import RandomEmbedder, TinyChronosEncoder, TSFMEmbedder, kernel_synth
 
 
 # The claims live in .experiments (SPECS), loaded by the harness as icml26.methods.starembed.experiments.
-__all__ = ["CurveEmbedder", "Embedder", "FEATURE_NAMES", "HandCraftedEmbedder", "ID_CLASSES", "LightCurve", "LightCurveDataset",
-           "OOD_CLASSES", "RandomEmbedder", "StarEmbedConfig", "TSFMEmbedder", "TinyChronosEncoder",
-           "as_curves", "best_period", "build_dataset", "classification_task", "clustering_task", "evaluate", "extract",
-           "fourier_fit", "hungarian_macro_f1", "kernel_synth", "load_ogle3", "ood_task", "tokenize"]
+__all__ = ["CurveEmbedder", "Embedder", "FEATURE_NAMES", "HandCraftedEmbedder", "ID_CLASSES", "LightCurve",
+           "LightCurveDataset", "OOD_CLASSES", "RandomEmbedder", "StarEmbedConfig", "TSFMEmbedder",
+           "TinyChronosEncoder", "as_curves", "best_period", "build_dataset", "classification_task", "clustering_task",
+           "evaluate", "extract", "fourier_fit", "hungarian_macro_f1", "kernel_synth", "load_ogle3", "ood_task",
+           "tokenize"]
