@@ -188,7 +188,8 @@ def many_class_proba(model: TabICL, X: torch.Tensor, y_train: torch.Tensor, n_cl
 
 
 class TabICLClassifier(ClassifierMixin, BaseEstimator):
-    """TabICLv2 in-context classifier.
+    """TabICLv2 in-context classifier for any number (>= 2) of classes; above the network's ``max_classes`` (10)
+    each member goes through :func:`many_class_proba` (mixed-radix column stage, class tree).
 
     Args:
         n_estimators: ensemble members (official default 8).
