@@ -55,6 +55,7 @@ from .model import DualEncoder
 MARKER = "ICML26_FEDDTL_DEPLOY"
 """Environment variable set (to a per-deployment token) in every process a deployment starts; Flower's detached
 children inherit it, which is how shutdown finds them."""
+MIN_FLWR = "1.42"
 _APP_MODULE = "feddtl_app"
 _SNAPSHOT = "sft_snapshot.safetensors"
 
@@ -321,7 +322,14 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
     """
     task = _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint)
     require("flwr", "pip install 'icml26[fl]'", purpose="the FedDTL Flower deployment")
+    from importlib.metadata import version
+
+    from packaging.version import Version
     from safetensors.torch import save
+
+    if Version(version("flwr")) < Version(MIN_FLWR):  # older SuperLinks take other flags (one gRPC port per API)
+        raise RuntimeError(f"the loopback deployment needs flwr>={MIN_FLWR} (its single HTTP port and `flwr run "
+                           f"<app> <connection>`), found {version('flwr')}: pip install 'flwr[simulation]>={MIN_FLWR}'")
 
     from .flower import load_server_checkpoint
     from .reference import build_model, init_server
