@@ -149,3 +149,45 @@ def test_deployment_killed_after_round_2_resumes_and_equals_an_uninterrupted_run
     assert torch.allclose(ref["state"].text_emb, second["state"].text_emb, atol=1e-6)
     assert second["final"] == pytest.approx(ref["final"], abs=1e-6)
     assert _leftovers(second) == []
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_mid_run_is_dropped_and_the_federation_goes_on(encoder, tmp_path):
+    """SIGKILL of SuperNode 1 once round 1 is checkpointed: the SuperLink reports its round-2 message as undeliverable
+    after the heartbeat patience (about 60 s), the strategy rejects that error reply naming the node, and round 2
+    aggregates client 0 alone, equal to the plain functions doing the same."""
+    pytest.importorskip("flwr")
+    import signal
+    import threading
+    from icml26.methods.feddtl.deploy import _checkpoint_round
+    from icml26.methods.feddtl.reference import build_model, client_update, init_server, server_update
+    cfg = FedDTLConfig(rounds=2, sft_rounds=2, sft_epochs=1, rl_epochs=1, batch_size=16)
+    ckpt, work = tmp_path / "server.safetensors", tmp_path / "work"
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.update(out=run_deployed_federation(
+        encoder, TASK, cfg, seed=4, workdir=work, checkpoint=ckpt, timeout=400)))
+    thread.start()
+    deadline = time.monotonic() + 300
+    while _checkpoint_round(ckpt) < 1 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    node1 = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and
+             b"flower-supernode" in (d / "cmdline").read_bytes() and str(work / "node-1").encode() in
+             (d / "cmdline").read_bytes()]
+    assert len(node1) == 1
+    os.kill(node1[0], signal.SIGKILL)
+    thread.join(timeout=400)
+    out = box["out"]
+    assert out["lost_nodes"] == [1] and out["participants"] == [[0, 1], [0]]
+    assert len(out["rejected"]) == 1 and out["rejected"][0]["round"] == 2 and "error reply" in out["rejected"][0][
+        "problem"]
+    task = make_task(**TASK)
+    model = build_model(encoder, cfg, 4)
+    state = init_server(model, task.prompts)
+    for t, clients in ((1, (0, 1)), (2, (0,))):
+        results = [client_update(model, task.client_x[k], task.client_y[k], state.vision,
+                                 state.text_emb[:task.n_base], cfg, t, k, 4) for k in clients]
+        state = server_update(model, state, results, task.prompts, task.n_base, cfg, t, 4)
+    for k, v in state.vision.items():
+        assert torch.allclose(v, out["state"].vision[k], atol=1e-6), k
+    assert torch.allclose(state.text_emb, out["state"].text_emb, atol=1e-6)
+    assert _leftovers(out) == []

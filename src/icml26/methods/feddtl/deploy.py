@@ -317,8 +317,10 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
 
     Returns:
         ``{"final", "text_shift", "state" (ServerState), "rejected", "participants", "drift", "resumed_after",
-        "ports", "workdir", "marker", "seconds"}``, or ``{"stopped_after", "ports", "workdir", "marker", "seconds"}``
-        (``marker``: the value of ``MARKER`` in the environment of every process this deployment started).
+        "lost_nodes", "ports", "workdir", "marker", "seconds"}``, or ``{"stopped_after", "lost_nodes", "ports",
+        "workdir", "marker", "seconds"}``. ``lost_nodes``: partition ids whose SuperNode process exited during the
+        run (the federation continued without them; their pending replies are in ``rejected``); ``marker``: the
+        value of ``MARKER`` in the environment of every process this deployment started.
     """
     task = _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint)
     require("flwr", "pip install 'icml26[fl]'", purpose="the FedDTL Flower deployment")
@@ -375,11 +377,22 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
         procs.append(p)
         return p
 
+    lost: list[int] = []
+
     def check_alive() -> None:
-        for p, name in zip(procs, ["superlink"] + [f"supernode-{k}" for k in range(n)]):
-            if p.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {p.returncode}; its log ends with:\n"
-                                   f"{_tail(logs / f'{name}.log')}")
+        """A lost SuperNode is a dropped client (the federation goes on without it); a lost SuperLink, or every
+        SuperNode lost, ends the deployment."""
+        if procs[0].poll() is not None:
+            raise RuntimeError(f"the SuperLink exited with code {procs[0].returncode}; its log ends with:\n"
+                               f"{_tail(logs / 'superlink.log')}")
+        for k, p in enumerate(procs[1:]):
+            if p.poll() is not None and k not in lost:
+                lost.append(k)
+                print(f"feddtl deployment: supernode-{k} exited with code {p.returncode}; continuing without it",
+                      file=sys.stderr)
+        if len(procs) == n + 1 and len(lost) == n:
+            raise RuntimeError(f"every SuperNode exited; the last log ends with:\n"
+                               f"{_tail(logs / f'supernode-{lost[-1]}.log')}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the FedDTL deployment did not finish within {timeout:.0f} s (logs in {logs})")
 
@@ -413,15 +426,15 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
                 raise RuntimeError(f"the FedDTL ServerApp failed:\n{(out / 'error.txt').read_text()[-3000:]}")
             check_alive()
             if stop_after_round is not None and _checkpoint_round(ckpt) >= stop_after_round:
-                return {"stopped_after": _checkpoint_round(ckpt), "ports": ports, "workdir": work,
-                        "marker": token, "seconds": time.monotonic() - start}
+                return {"stopped_after": _checkpoint_round(ckpt), "lost_nodes": lost, "ports": ports,
+                        "workdir": work, "marker": token, "seconds": time.monotonic() - start}
             time.sleep(0.1)
     finally:
         stop_processes(procs, token)
     res = read_json(out / "result.json")
     state, _ = load_server_checkpoint(out / "state.safetensors", init_server(build_model(encoder, cfg, seed),
                                                                              task.prompts))
-    return {**res, "state": state, "ports": ports, "workdir": work, "marker": token,
+    return {**res, "state": state, "lost_nodes": lost, "ports": ports, "workdir": work, "marker": token,
             "seconds": time.monotonic() - start}
 
 

@@ -173,7 +173,9 @@ def make_strategy_class():
             task: gives the class prompts (base first) and the number of base classes; its test images are used
                 only by :meth:`evaluate_fn` (centralised evaluation of the global model).
             cfg, seed: as in ``reference.run_federation``.
-            min_nodes: nodes to wait for before each round.
+            min_nodes: nodes to wait for before the first round of this run; later rounds go to the nodes connected
+                then, so a node that is lost (its SuperNode gone, marked offline by the SuperLink) does not stop the
+                federation: its pending reply comes back as an error reply and is rejected.
         """
 
         def __init__(self, encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, seed: int, min_nodes: int,
@@ -187,6 +189,7 @@ def make_strategy_class():
             self.participants: list[list[int]] = []
             self.checkpoint = Path(checkpoint) if checkpoint is not None else None
             self.offset = 0  # rounds already done by an earlier, interrupted run (resumed from the checkpoint)
+            self.joined = False  # min_nodes reached once
             if self.checkpoint is not None and self.checkpoint.exists():
                 self.state, self.offset = load_server_checkpoint(self.checkpoint, self.state)
                 LOG.info("resuming FedDTL from %s after round %d", self.checkpoint, self.offset)
@@ -200,8 +203,10 @@ def make_strategy_class():
 
         def configure_train(self, server_round: int, arrays, config, grid) -> Iterable:
             server_round += self.offset
-            while len(nodes := sorted(grid.get_node_ids())) < self.min_nodes:
+            while not self.joined and len(grid.get_node_ids()) < self.min_nodes:
                 time.sleep(0.2)
+            self.joined = True
+            nodes = sorted(grid.get_node_ids())
             content = RecordDict({
                 "arrays": arrays,
                 "text": ArrayRecord(torch_state_dict={"text_emb": self.state.text_emb[: self.task.n_base].clone()}),
