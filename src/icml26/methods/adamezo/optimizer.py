@@ -110,10 +110,8 @@ class _Streams:
         device = params[0].device if params else torch.device("cpu")
         self.gens = [torch.Generator(device=device).manual_seed(s) for s in seeds]
         self.pool = pool if len(seeds) > 1 else None
-        self.longest: dict[torch.dtype, int] = {}
-        for p in params:
-            self.longest[p.dtype] = max(self.longest.get(p.dtype, 0), min(p.numel(), CHUNK + 15))
-        self.rows: dict[torch.dtype, torch.Tensor] = {}
+        self.width = min(max((p.numel() for p in params), default=0), CHUNK + 15)  # longest piece
+        self.rows: dict[torch.dtype, list[torch.Tensor]] = {}
 
     def pieces(self, param: torch.Tensor) -> Iterator[tuple[torch.Tensor, list[torch.Tensor]]]:
         """Yields ``(theta_piece, [z_i piece for each seed])`` covering ``param`` in order; ``theta_piece`` is a
@@ -122,26 +120,30 @@ class _Streams:
             yield param, [_draw(param, g) for g in self.gens]
             return
         if param.dtype not in self.rows:
-            self.rows[param.dtype] = torch.empty(len(self.gens), self.longest[param.dtype], dtype=param.dtype)
-        flat, rows = param.view(-1), self.rows[param.dtype]
-        for start, stop in _spans(param):
-            zs = [row[: stop - start] for row in rows]
+            self.rows[param.dtype] = [torch.empty(self.width, dtype=param.dtype) for _ in self.gens]
+        flat, rows, n = param.view(-1), self.rows[param.dtype], param.numel()
+        spans = ((0, n),) if n < CHUNK + 16 else _spans(param)
+        for start, stop in spans:
+            # Tiny models spend their step on per-call overhead: skip the slices when they would be the whole row.
+            zs = rows if stop - start == rows[0].numel() else [row[: stop - start] for row in rows]
             if self.pool is not None and stop - start >= PARALLEL_MIN:
                 list(self.pool.map(lambda zg: zg[0].normal_(generator=zg[1]), zip(zs, self.gens)))
             else:
                 for z, gen in zip(zs, self.gens):
                     z.normal_(generator=gen)
-            yield flat[start:stop], zs
+            yield (flat if len(spans) == 1 else flat[start:stop]), zs
 
 
 def _moment_buffers(cache: dict, like: torch.Tensor, dtype: torch.dtype,
                     with_v: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scratch m and v (``dtype``, shaped like ``like``) for one piece: views of two rows reused across pieces."""
+    """Scratch m and v (``dtype``, shaped like ``like``) for one piece: two rows reused across pieces."""
     n = like.numel()
     rows = cache.get(dtype)
-    if rows is None or rows.shape[1] < n or rows.device != like.device:
-        rows = cache[dtype] = torch.empty(2, n, dtype=dtype, device=like.device)
-    return rows[0, :n].view(like.shape), (rows[1, :n].view(like.shape) if with_v else None)
+    if rows is None or rows[0].numel() < n or rows[0].device != like.device:
+        rows = cache[dtype] = [torch.empty(n, dtype=dtype, device=like.device) for _ in range(2)]
+    if rows[0].numel() == n and like.dim() == 1:
+        return rows[0], (rows[1] if with_v else None)
+    return rows[0][:n].view(like.shape), (rows[1][:n].view(like.shape) if with_v else None)
 
 
 def _accumulate_moments(zs: list[torch.Tensor], w1: list[float], w2: list[float], m: torch.Tensor,
