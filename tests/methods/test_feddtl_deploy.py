@@ -151,43 +151,101 @@ def test_deployment_killed_after_round_2_resumes_and_equals_an_uninterrupted_run
     assert _leftovers(second) == []
 
 
-@pytest.mark.slow
-def test_a_supernode_killed_mid_run_is_dropped_and_the_federation_goes_on(encoder, tmp_path):
-    """SIGKILL of SuperNode 1 once round 1 is checkpointed: the SuperLink reports its round-2 message as undeliverable
-    after the heartbeat patience (about 60 s), the strategy rejects that error reply naming the node, and round 2
-    aggregates client 0 alone, equal to the plain functions doing the same."""
-    pytest.importorskip("flwr")
-    import signal
+def _processes() -> dict[int, str]:
+    """pid -> command line of every live, non-zombie process."""
+    procs = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    procs[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+    return procs
+
+
+def _plain(encoder, cfg: FedDTLConfig, seed: int, schedule):
+    """The server state after the plain functions run ``schedule``: (round, clients aggregated) pairs."""
+    from icml26.methods.feddtl.reference import build_model, client_update, init_server, server_update
+    task = make_task(**TASK)
+    model = build_model(encoder, cfg, seed)
+    state = init_server(model, task.prompts)
+    for t, clients in schedule:
+        results = [client_update(model, task.client_x[k], task.client_y[k], state.vision,
+                                 state.text_emb[:task.n_base], cfg, t, k, seed) for k in clients]
+        state = server_update(model, state, results, task.prompts, task.n_base, cfg, t, seed)
+    return state
+
+
+def _fault_run(encoder, tmp_path, fault, **kwargs):
+    """A 2-client, 2-round SFT deployment (seed 4) in a thread; ``fault(work)`` runs once round 1 is checkpointed
+    (every process that exists then is passed along, so the fault can tell round-2 processes apart)."""
     import threading
     from icml26.methods.feddtl.deploy import _checkpoint_round
-    from icml26.methods.feddtl.reference import build_model, client_update, init_server, server_update
     cfg = FedDTLConfig(rounds=2, sft_rounds=2, sft_epochs=1, rl_epochs=1, batch_size=16)
     ckpt, work = tmp_path / "server.safetensors", tmp_path / "work"
     box: dict = {}
-    thread = threading.Thread(target=lambda: box.update(out=run_deployed_federation(
-        encoder, TASK, cfg, seed=4, workdir=work, checkpoint=ckpt, timeout=400)))
+
+    def target():
+        try:
+            box["out"] = run_deployed_federation(encoder, TASK, cfg, seed=4, workdir=work, checkpoint=ckpt,
+                                                 timeout=400, **kwargs)
+        except BaseException as err:  # re-raised in the test thread
+            box["err"] = err
+
+    thread = threading.Thread(target=target)
     thread.start()
     deadline = time.monotonic() + 300
     while _checkpoint_round(ckpt) < 1 and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    node1 = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and
-             b"flower-supernode" in (d / "cmdline").read_bytes() and str(work / "node-1").encode() in
-             (d / "cmdline").read_bytes()]
-    assert len(node1) == 1
-    os.kill(node1[0], signal.SIGKILL)
+        time.sleep(0.05)
+    fault(work, set(_processes()))
     thread.join(timeout=400)
+    if "err" in box:
+        raise box["err"]
     out = box["out"]
-    assert out["lost_nodes"] == [1] and out["participants"] == [[0, 1], [0]]
-    assert len(out["rejected"]) == 1 and out["rejected"][0]["round"] == 2 and "error reply" in out["rejected"][0][
-        "problem"]
-    task = make_task(**TASK)
-    model = build_model(encoder, cfg, 4)
-    state = init_server(model, task.prompts)
-    for t, clients in ((1, (0, 1)), (2, (0,))):
-        results = [client_update(model, task.client_x[k], task.client_y[k], state.vision,
-                                 state.text_emb[:task.n_base], cfg, t, k, 4) for k in clients]
-        state = server_update(model, state, results, task.prompts, task.n_base, cfg, t, 4)
-    for k, v in state.vision.items():
+    expected = _plain(encoder, cfg, 4, ((1, (0, 1)), (2, (0,))))
+    for k, v in expected.vision.items():
         assert torch.allclose(v, out["state"].vision[k], atol=1e-6), k
-    assert torch.allclose(state.text_emb, out["state"].text_emb, atol=1e-6)
-    assert _leftovers(out) == []
+    assert torch.allclose(expected.text_emb, out["state"].text_emb, atol=1e-6)
+    assert out["participants"] == [[0, 1], [0]] and _leftovers(out) == []
+    assert len(out["rejected"]) == 1 and out["rejected"][0]["round"] == 2 and out["rejected"][0]["partition"] == 1
+    return out
+
+
+def _supernode_1(work: Path) -> tuple[int, str]:
+    ((pid, cmd),) = [(p, c) for p, c in _processes().items() if "flower-supernode" in c and str(work / "node-1") in c]
+    return pid, cmd
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_mid_run_is_dropped_and_the_federation_goes_on(encoder, tmp_path):
+    """SIGKILL of SuperNode 1 once round 1 is checkpointed: the SuperLink answers its round-2 message with a "node
+    unavailable" error reply after the heartbeat patience (about 60 s), the strategy rejects it naming node and
+    partition, and round 2 aggregates client 0 alone, equal to the plain functions doing the same."""
+    pytest.importorskip("flwr")
+    import signal
+    out = _fault_run(encoder, tmp_path, lambda work, _: os.kill(_supernode_1(work)[0], signal.SIGKILL))
+    assert out["lost_nodes"] == [1] and "error reply" in out["rejected"][0]["problem"]
+
+
+@pytest.mark.slow
+def test_a_hanging_client_is_dropped_after_the_round_timeout(encoder, tmp_path):
+    """SIGSTOP of client 1's round-2 ClientApp process (its SuperNode stays up and keeps its heartbeat): after the
+    30 s round timeout the round aggregates client 0 alone and records that partition 1 did not reply in time."""
+    pytest.importorskip("flwr")
+    import signal
+
+    def hang(work, before):
+        port = re.search(r"--port (\d+)", _supernode_1(work)[1]).group(1)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            new = [p for p, c in _processes().items()
+                   if p not in before and "flwr-clientapp" in c and f"127.0.0.1:{port}" in c]
+            if new:
+                os.kill(new[0], signal.SIGSTOP)
+                return
+            time.sleep(0.02)
+        raise AssertionError("client 1's round-2 ClientApp never started")
+
+    out = _fault_run(encoder, tmp_path, hang, round_timeout=30)
+    assert out["lost_nodes"] == [] and "no reply within the round timeout (30 s)" in out["rejected"][0]["problem"]

@@ -114,11 +114,12 @@ def make_deployed_apps():
         out = Path(spec["out"])
         try:
             strategy = make_strategy_class()(encoder, task, cfg, spec["seed"], min_nodes=task.num_clients,
-                                             checkpoint=spec["checkpoint"])
+                                             checkpoint=spec["checkpoint"], round_timeout=spec["round_timeout"])
             resumed_after = strategy.offset
             if strategy.remaining_rounds:
                 strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(),
-                               num_rounds=strategy.remaining_rounds, evaluate_fn=None)
+                               num_rounds=strategy.remaining_rounds, timeout=strategy.round_timeout,
+                               evaluate_fn=None)
             final = evaluate(strategy.model, strategy.state, task)
             shift = float((1 - (strategy.state.text_emb.double() * strategy.initial_text.double()).sum(-1)).mean())
             save_server_checkpoint(out / "state.safetensors", strategy.state, cfg.rounds)
@@ -268,7 +269,7 @@ insecure = true
 """
 
 
-def _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint):
+def _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint, round_timeout):
     """Everything that can be wrong with the arguments, raised before any file is written or process started."""
     if not isinstance(encoder, DualEncoder):
         raise TypeError(f"encoder must be a feddtl DualEncoder, got {type(encoder).__name__}")
@@ -285,8 +286,9 @@ def _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, chec
         raise ValueError(f"task_args must be JSON values (they travel to other processes): {err}") from None
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {seed!r}")
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    for name, value in (("timeout", timeout), ("round_timeout", round_timeout)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     if stop_after_round is not None:
         if checkpoint is None:
             raise ValueError("stop_after_round needs a checkpoint (otherwise the stopped run cannot be resumed)")
@@ -301,7 +303,8 @@ def _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, chec
 
 def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLConfig, seed: int, *,
                             workdir: str | Path | None = None, checkpoint: str | Path | None = None,
-                            timeout: float = 600.0, stop_after_round: int | None = None) -> dict:
+                            timeout: float = 600.0, round_timeout: float = 3600.0,
+                            stop_after_round: int | None = None) -> dict:
     """Run FedDTL on a loopback Flower deployment (a SuperLink and one SuperNode per client, separate processes).
 
     Args:
@@ -312,6 +315,8 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
             it (with ``checkpoint``) to resume a stopped deployment with the clients' SFT snapshots.
         checkpoint: a ``.safetensors`` path for the server state after every round; an existing one is resumed.
         timeout: seconds for the whole deployment; on expiry everything is stopped and ``TimeoutError`` raised.
+        round_timeout: seconds the server waits for a round's replies; a client that has not replied by then (a
+            hanging ClientApp) is recorded in ``rejected`` and the round aggregates the others.
         stop_after_round: stop (SIGTERM, then SIGKILL, every process) as soon as the checkpoint records this
             round, as a crash would; the return value then has ``"stopped_after"`` and no metrics.
 
@@ -322,7 +327,7 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
         run (the federation continued without them; their pending replies are in ``rejected``); ``marker``: the
         value of ``MARKER`` in the environment of every process this deployment started.
     """
-    task = _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint)
+    task = _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint, round_timeout)
     require("flwr", "pip install 'icml26[fl]'", purpose="the FedDTL Flower deployment")
     from importlib.metadata import version
 
@@ -350,7 +355,8 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
                        save({k: v.detach().cpu().contiguous() for k, v in encoder.state_dict().items()}))
     atomic_write_json(work / "spec.json", {
         "encoder": str(work / "encoder.safetensors"), "encoder_cfg": asdict(encoder.cfg), "task": task_args,
-        "cfg": cfg.to_dict(), "seed": seed, "checkpoint": str(ckpt) if ckpt else None, "out": str(out)})
+        "cfg": cfg.to_dict(), "seed": seed, "checkpoint": str(ckpt) if ckpt else None, "out": str(out),
+        "round_timeout": float(round_timeout)})
     atomic_write_text(app / "pyproject.toml", _PYPROJECT.format(module=_APP_MODULE, spec=work / "spec.json"))
     atomic_write_text(app / f"{_APP_MODULE}.py", "from icml26.methods.feddtl.deploy import make_deployed_apps\n\n"
                       "APPS = make_deployed_apps()\nserver_app = APPS[0]\nclient_app = APPS[1]\n")
@@ -454,6 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default=None, help="server checkpoint (.safetensors), resumed if it exists")
     p.add_argument("--workdir", default=None, help="app, logs, node state and results (default: a temp dir)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before everything is stopped")
+    p.add_argument("--round-timeout", type=float, default=3600.0, help="seconds the server waits for a round's "
+                   "replies; clients that have not replied are recorded and the round goes on without them")
     return p
 
 
@@ -476,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM -> the same clean shutdown as Ctrl-C
     try:
         out = run_deployed_federation(encoder, task_args, cfg, args.seed, workdir=args.workdir,
-                                      checkpoint=args.checkpoint, timeout=args.timeout)
+                                      checkpoint=args.checkpoint, timeout=args.timeout,
+                                      round_timeout=args.round_timeout)
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

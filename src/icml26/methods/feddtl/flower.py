@@ -176,11 +176,24 @@ def make_strategy_class():
             min_nodes: nodes to wait for before the first round of this run; later rounds go to the nodes connected
                 then, so a node that is lost (its SuperNode gone, marked offline by the SuperLink) does not stop the
                 federation: its pending reply comes back as an error reply and is rejected.
+            checkpoint: see :func:`run_simulation_federation`.
+            round_timeout: seconds the server waits for the replies of a round (Flower's ``Strategy.start``
+                timeout); a node that has not replied by then is recorded in ``rejected`` ("no reply within ...")
+                and the round aggregates the others.
+
+        Attributes (the run's record): ``rejected`` (``{"round", "node", "partition", "problem"}`` for every reply
+        not aggregated: malformed, an error reply, or none in time), ``participants`` (partition ids aggregated per
+        round), ``drift`` (client drift per round).
         """
 
         def __init__(self, encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, seed: int, min_nodes: int,
-                     checkpoint: str | Path | None = None):
+                     checkpoint: str | Path | None = None, round_timeout: float = 3600.0):
+            if not (isinstance(round_timeout, (int, float)) and round_timeout > 0):
+                raise ValueError(f"round_timeout must be a positive number of seconds, got {round_timeout!r}")
             self.cfg, self.seed, self.task, self.min_nodes = cfg, seed, task, min_nodes
+            self.round_timeout = float(round_timeout)
+            self.outbox: list = []  # this round's train messages (their ids map replies back to nodes)
+            self.partition_of: dict[int, int] = {}  # node id -> partition id, from the node's accepted replies
             self.model = build_model(encoder, cfg, seed)
             self.state: ServerState = init_server(self.model, task.prompts)
             self.initial_text = self.state.text_emb.clone()
@@ -212,24 +225,32 @@ def make_strategy_class():
                 "text": ArrayRecord(torch_state_dict={"text_emb": self.state.text_emb[: self.task.n_base].clone()}),
                 "config": ConfigRecord({"server-round": server_round, "stage": self.cfg.stage(server_round)}),
             })
-            return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in nodes]
+            self.outbox = [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in nodes]
+            return self.outbox
 
         def aggregate_train(self, server_round: int, replies: Iterable):
             server_round += self.offset
             results: list[tuple[int, ClientResult]] = []
             dim = self.state.text_emb.shape[1]
+            # the grid set each outgoing message's id when it pushed it; error replies made by the SuperLink (node
+            # unavailable) come from the SuperLink's own id, so the node is found through reply_to_message_id
+            dst = {m.metadata.message_id: int(m.metadata.dst_node_id) for m in self.outbox}
+            answered: set[int] = set()
             for msg in replies:
                 problem = reply_problem(msg, self.state.vision, dim, self.task.n_base)
-                node = msg.metadata.src_node_id
+                node = dst.get(msg.metadata.reply_to_message_id, int(msg.metadata.src_node_id))
+                answered.add(node)
                 if problem is not None:
-                    LOG.error("round %d: rejected the reply of node %s: %s", server_round, node, problem)
-                    self.rejected.append({"round": server_round, "node": int(node), "problem": problem})
+                    self._reject(server_round, node, problem)
                     continue
                 c = msg.content
                 up = c["embeddings"].to_torch_state_dict()
                 m = dict(c["metrics"])
+                self.partition_of[node] = int(m["partition-id"])
                 results.append((int(m["partition-id"]), ClientResult(
                     c["arrays"].to_torch_state_dict(), int(m["num-examples"]), up["embeddings"], up["labels"], m)))
+            for node in sorted(set(dst.values()) - answered):
+                self._reject(server_round, node, f"no reply within the round timeout ({self.round_timeout:g} s)")
             if not results:
                 LOG.error("round %d: no usable reply, the global state is kept", server_round)
                 return None, None
@@ -245,6 +266,12 @@ def make_strategy_class():
                     for key in ("train_accuracy", "reward", "clip_fraction", "kl", "signal_fraction")}
             return ArrayRecord(torch_state_dict=self.state.vision), MetricRecord(
                 {**mean, "clients": len(results), "drift": self.drift[-1]})
+
+        def _reject(self, server_round: int, node: int, problem: str) -> None:
+            LOG.error("round %d: rejected the reply of node %s (partition %s): %s", server_round, node,
+                      self.partition_of.get(node), problem)
+            self.rejected.append({"round": server_round, "node": node, "partition": self.partition_of.get(node),
+                                  "problem": problem})
 
         def configure_evaluate(self, server_round: int, arrays, config, grid) -> Iterable:
             return []  # evaluation is centralised (evaluate_fn): the server holds the held-out test set here
@@ -271,7 +298,8 @@ def make_server_app(strategy, holder: dict):
     @app.main()
     def main(grid, context):
         holder["result"] = strategy.start(grid=grid, initial_arrays=strategy.initial_arrays(),
-                                          num_rounds=strategy.remaining_rounds, evaluate_fn=None)
+                                          num_rounds=strategy.remaining_rounds, timeout=strategy.round_timeout,
+                                          evaluate_fn=None)
         holder["strategy"] = strategy
 
     return app
