@@ -231,7 +231,7 @@ def test_a_supernode_killed_mid_run_is_dropped_and_the_federation_goes_on(encode
 @pytest.mark.slow
 def test_a_hanging_client_is_dropped_after_the_round_timeout(encoder, tmp_path):
     """SIGSTOP of client 1's round-2 ClientApp process (its SuperNode stays up and keeps its heartbeat): after the
-    30 s round timeout the round aggregates client 0 alone and records that partition 1 did not reply in time."""
+    45 s round timeout the round aggregates client 0 alone and records that partition 1 did not reply in time."""
     pytest.importorskip("flwr")
     import signal
 
@@ -247,5 +247,5 @@ def test_a_hanging_client_is_dropped_after_the_round_timeout(encoder, tmp_path):
             time.sleep(0.02)
         raise AssertionError("client 1's round-2 ClientApp never started")
 
-    out = _fault_run(encoder, tmp_path, hang, round_timeout=30)
-    assert out["lost_nodes"] == [] and "no reply within the round timeout (30 s)" in out["rejected"][0]["problem"]
+    out = _fault_run(encoder, tmp_path, hang, round_timeout=45)
+    assert out["lost_nodes"] == [] and "no reply within the round timeout (45 s)" in out["rejected"][0]["problem"]

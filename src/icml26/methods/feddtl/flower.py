@@ -306,7 +306,8 @@ def make_server_app(strategy, holder: dict):
 
 
 def run_simulation_federation(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, seed: int,
-                              client_app=None, checkpoint: str | Path | None = None) -> dict:
+                              client_app=None, checkpoint: str | Path | None = None,
+                              round_timeout: float = 3600.0) -> dict:
     """Run FedDTL in Flower's simulation engine with one SuperNode per client of ``task``.
 
     Returns ``{"final": evaluate(...), "text_shift", "state", "drift", "rejected", "participants", "result"}`` in
@@ -318,7 +319,8 @@ def run_simulation_federation(encoder: DualEncoder, task: FederatedTask, cfg: Fe
     require("ray", "pip install 'flwr[simulation]'", purpose="Flower's simulation engine")
     from flwr.simulation import run_simulation
 
-    strategy = make_strategy_class()(encoder, task, cfg, seed, min_nodes=task.num_clients, checkpoint=checkpoint)
+    strategy = make_strategy_class()(encoder, task, cfg, seed, min_nodes=task.num_clients, checkpoint=checkpoint,
+                                     round_timeout=round_timeout)
     holder: dict = {}
     run_simulation(server_app=make_server_app(strategy, holder),
                    client_app=client_app or make_client_app(encoder, task, cfg, seed),
