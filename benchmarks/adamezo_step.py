@@ -82,8 +82,9 @@ def machine(threads: int) -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
+    # torch.__config__.show() lists the build as "KEY=value, KEY=value, ..." (BLAS_INFO=mkl, LAPACK_INFO=mkl, ...)
     config = torch.__config__.show()
-    blas = next((line.split("=", 1)[1].strip() for line in config.splitlines() if "BLAS_INFO" in line), "unknown")
+    blas = config.split("BLAS_INFO=", 1)[1].split(",", 1)[0].strip() if "BLAS_INFO=" in config else "unknown"
     return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
             "blas": blas, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "platform": platform.platform(),
             "git_sha": _git("rev-parse", "HEAD") or "unknown", "git_dirty": bool(_git("status", "--porcelain")),

@@ -219,3 +219,4 @@ def test_benchmark_writes_interleaved_ratios(tmp_path):
     rows = {r["arm"]: r for r in run["rows"]}
     assert rows["mezo"]["ratio_to_mezo_of_medians"] == 1.0 and rows["adamezo"]["step_s_median"] > 0
     assert {"cpu_model", "torch_threads", "blas", "git_sha", "loadavg_start"} <= set(run["machine"])
+    assert "," not in run["machine"]["blas"]
