@@ -274,6 +274,18 @@ def _same_class(a: type, b: type) -> bool:
     return a is b or (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
 
 
+def converted_config(config: PreTrainedConfig, config_cls: type[PreTrainedConfig], **changes) -> PreTrainedConfig:
+    """A host model's ``config`` re-created as ``config_cls`` (a subclass with its own model_type) with
+    ``changes`` applied; the attention implementation the host runs with is kept. Used by the drop-in
+    conversions (FiX attention, hyper-connections) that turn a Llama-family model into a registered subclass."""
+    values = config.to_dict()
+    for key in ("model_type", "transformers_version", "architectures"):
+        values.pop(key, None)
+    new = config_cls.from_dict({**values, **changes})
+    new._attn_implementation = config._attn_implementation
+    return new
+
+
 def register_tiny_lm(config_cls: type[PreTrainedConfig], model_cls: type[PreTrainedModel]) -> None:
     """Register ``config_cls`` with ``AutoConfig`` and ``model_cls`` with ``AutoModelForCausalLM``.
 

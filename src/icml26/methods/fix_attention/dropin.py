@@ -42,7 +42,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
                           PreTrainedModel, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from transformers.cache_utils import Cache, DynamicLayer
 
-from ...models.hf import register_tiny_lm
+from ...models.hf import converted_config, register_tiny_lm
 from .chunked import fix_attention_chunked, fox_attention_chunked
 from .config import FixConfig
 from .layers import FiXGates, FoXGates, HeadRMSNorm, attach_token_gates, check_hidden_states
@@ -414,18 +414,12 @@ for _config_cls, _model_cls in CONVERTED.values():
 
 def _converted_config(config: PreTrainedConfig, config_cls: type[PreTrainedConfig], cfg: FixConfig):
     """The host config as ``config_cls`` with the FiX/FoX options, full attention in every layer."""
-    values = config.to_dict()
-    for key in ("model_type", "transformers_version", "architectures"):
-        values.pop(key, None)
-    values["fix_attention"] = _stored_options(cfg)
-    values["sliding_window"] = None
-    if "use_sliding_window" in values:
-        values["use_sliding_window"] = False
-    if values.get("layer_types") is not None:
-        values["layer_types"] = ["full_attention"] * config.num_hidden_layers
-    new = config_cls.from_dict(values)
-    new._attn_implementation = config._attn_implementation
-    return new
+    changes = {"fix_attention": _stored_options(cfg), "sliding_window": None}
+    if hasattr(config, "use_sliding_window"):
+        changes["use_sliding_window"] = False
+    if getattr(config, "layer_types", None) is not None:
+        changes["layer_types"] = ["full_attention"] * config.num_hidden_layers
+    return converted_config(config, config_cls, **changes)
 
 
 def convert_to_fix(model: PreTrainedModel, variant: str = "fix", **options: Any) -> PreTrainedModel:

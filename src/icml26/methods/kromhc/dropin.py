@@ -54,7 +54,7 @@ from torch import nn
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, PreTrainedConfig,
                           PreTrainedModel, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-from ...models.hf import register_tiny_lm
+from ...models.hf import converted_config, register_tiny_lm
 from .config import HyperConnectionConfig
 from .layers import HC, MHC, LAYERS, HyperConnection, HyperResidual
 
@@ -275,13 +275,7 @@ for _config_cls, _model_cls in CONVERTED.values():
 
 def _converted_config(config: PreTrainedConfig, config_cls: type[PreTrainedConfig], options: dict[str, Any]):
     """The host config as ``config_cls`` with the hyper-connection options."""
-    values = config.to_dict()
-    for key in ("model_type", "transformers_version", "architectures"):
-        values.pop(key, None)
-    values["hyper_connections"] = options
-    new = config_cls.from_dict(values)
-    new._attn_implementation = config._attn_implementation
-    return new
+    return converted_config(config, config_cls, hyper_connections=options)
 
 
 def convert_to_hyper_connections(model: PreTrainedModel, kind: str = "kromhc", num_streams: int = 4, *,
