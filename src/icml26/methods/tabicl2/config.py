@@ -14,7 +14,11 @@ SSMAX_TYPES = ("none", "ssmax", "qassmax")
 class TabICLConfig:
     """Architecture of the three-stage model (column -> row -> in-context)."""
 
-    max_classes: int = field(default=10, metadata={"help": "logits of the head (official: 10)"})
+    max_classes: int = field(default=10, metadata={
+        "help": "logits of the head (official: 10); 0 makes a regressor that predicts num_quantiles quantiles "
+                "(official convention, ``max_classes=0``)"})
+    num_quantiles: int = field(default=999, metadata={
+        "help": "regression only: quantiles at levels linspace(0, 1, Q + 2)[1:-1] (official: 999)"})
     embed_dim: int = field(default=32, metadata={"help": "E, cell/column embedding width (official: 128)"})
     col_num_blocks: int = field(default=1, metadata={"help": "induced set attention blocks (official: 3)"})
     col_nhead: int = field(default=4, metadata={"help": "heads in the column stage (official: 8)"})
@@ -35,13 +39,14 @@ class TabICLConfig:
     softmax_temperature: float = field(default=0.9, metadata={"help": "inference temperature (official: 0.9)"})
 
     def __post_init__(self) -> None:
-        for name in ("max_classes", "embed_dim", "col_num_blocks", "col_nhead", "col_num_inds", "feature_group_size",
+        for name in ("num_quantiles", "embed_dim", "col_num_blocks", "col_nhead", "col_num_inds", "feature_group_size",
                      "row_num_blocks", "row_nhead", "row_num_cls", "icl_num_blocks", "icl_nhead", "ff_factor",
                      "ssmax_hidden"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"TabICLConfig.{name} must be a positive int, got {getattr(self, name)!r}")
-        if self.max_classes < 2:
-            raise ValueError(f"TabICLConfig.max_classes must be >= 2, got {self.max_classes}")
+        if not (isinstance(self.max_classes, int) and (self.max_classes == 0 or self.max_classes >= 2)):
+            raise ValueError(f"TabICLConfig.max_classes must be 0 (regression) or an int >= 2, got "
+                             f"{self.max_classes!r}")
         if self.embed_dim % self.col_nhead or self.embed_dim % self.row_nhead:
             raise ValueError(f"TabICLConfig.embed_dim ({self.embed_dim}) must be divisible by col_nhead and row_nhead")
         if (self.embed_dim // self.row_nhead) % 2:
@@ -54,6 +59,16 @@ class TabICLConfig:
             raise ValueError(f"TabICLConfig.rope_base must be > 1, got {self.rope_base}")
         if not (self.softmax_temperature > 0):
             raise ValueError(f"TabICLConfig.softmax_temperature must be > 0, got {self.softmax_temperature}")
+
+    @property
+    def regression(self) -> bool:
+        """True for the quantile-regression network (``max_classes == 0``)."""
+        return self.max_classes == 0
+
+    @property
+    def out_dim(self) -> int:
+        """Outputs of the head: class logits, or quantiles for regression."""
+        return self.num_quantiles if self.regression else self.max_classes
 
     @property
     def icl_dim(self) -> int:

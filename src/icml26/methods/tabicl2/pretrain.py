@@ -13,6 +13,12 @@ fraction of the budget used, so a slower machine sees fewer datasets but still c
 the loss curve and ``OUT/loss.png`` its plot; ``--export PATH`` writes the weights-only checkpoint
 (``{"config", "state_dict", "meta"}``) that :class:`TabICLClassifier` loads.
 
+``--task regression`` pretrains the v2 regressor instead (``scripts/train_v2_reg_stage1.sh`` in the release): the
+network gets ``max_classes = 0`` (a linear target embedding and a head of ``num_quantiles`` quantiles), the prior
+keeps the target continuous (standardised), and the loss is the pinball loss averaged over the quantile levels
+linspace(0, 1, Q + 2)[1:-1]; the held-out metrics are the pinball loss and the R^2 of the predicted mean (the mean
+of the sorted quantiles). :class:`TabICLRegressor` loads the exported checkpoint.
+
 Under ``torchrun --nproc_per_node=K`` (gloo on CPU, NCCL on GPUs) each rank draws its own datasets and gradients
 are averaged with all-reduce, so K processes train one model with K times the batch (``--steps`` mode only).
 """
@@ -36,7 +42,7 @@ from icml26.core.io import atomic_write_bytes
 from .config import TabICLConfig
 from .muon import Muon
 from .prior import PriorConfig, sample_batch
-from .reference import TabICL
+from .reference import TabICL, pinball_loss
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -60,6 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--val-batches", type=int, default=4, help="held-out prior batches of 16 (256 rows, 8 features)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--stop-at", type=int, default=0, help="leave after this step as if killed (tests resume)")
+    p.add_argument("--task", choices=("classification", "regression"), default="classification",
+                   help="regression: max_classes=0, quantile head, pinball loss, continuous prior targets")
     p.add_argument("--model", default="{}", help="JSON overrides of TabICLConfig, e.g. '{\"ssmax\": \"none\"}'")
     return p.parse_args(argv)
 
@@ -89,6 +97,11 @@ def masked_ce(logits: torch.Tensor, y_test: torch.Tensor, y_train: torch.Tensor)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_test.reshape(-1))
 
 
+def task_loss(pred: torch.Tensor, y_test: torch.Tensor, y_train: torch.Tensor, regression: bool) -> torch.Tensor:
+    """Pinball loss over the quantile levels (regression) or class-masked cross-entropy (classification)."""
+    return pinball_loss(pred, y_test) if regression else masked_ce(pred, y_test, y_train)
+
+
 def make_optimizer(model: torch.nn.Module, kind: str, lr: float) -> torch.optim.Optimizer:
     if kind == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
@@ -98,8 +111,23 @@ def make_optimizer(model: torch.nn.Module, kind: str, lr: float) -> torch.optim.
 
 @torch.no_grad()
 def evaluate(model: TabICL, val: list, device) -> dict:
-    """Mean CE and accuracy on fixed held-out prior batches."""
+    """Mean CE and accuracy (classification) or pinball loss and R^2 of the mean (regression) on fixed held-out
+    prior batches."""
     model.eval()
+    if model.cfg.regression:
+        pin, r2 = [], []
+        for X, y, n_train in val:
+            X, y = X.to(device), y.to(device)
+            q = model(X, y[:, :n_train])
+            pin.append(pinball_loss(q, y[:, n_train:]).item())
+            y_te = y[:, n_train:]
+            mean = q.sort(-1).values.mean(-1)
+            # per-dataset R^2 against the training mean (the y of every prior dataset is standardised on train)
+            ss_res = ((mean - y_te) ** 2).sum(1)
+            ss_tot = ((y_te - y[:, :n_train].mean(1, keepdim=True)) ** 2).sum(1)
+            r2.append((1 - ss_res / ss_tot.clamp_min(1e-12)).mean().item())
+        model.train()
+        return {"val_pinball": float(np.mean(pin)), "val_r2": float(np.mean(r2))}
     ce, acc = [], []
     for X, y, n_train in val:
         X, y = X.to(device), y.to(device)
@@ -113,10 +141,10 @@ def evaluate(model: TabICL, val: list, device) -> dict:
     return {"val_ce": float(np.mean(ce)), "val_acc": float(np.mean(acc))}
 
 
-def validation_set(seed: int = 10 ** 6, n_batches: int = 4, batch: int = 16) -> list:
+def validation_set(seed: int = 10 ** 6, n_batches: int = 4, batch: int = 16, task: str = "classification") -> list:
     out = []
     for b in range(n_batches):
-        X, y = sample_batch(seed + b, batch, 256, 8, 192)
+        X, y = sample_batch(seed + b, batch, 256, 8, 192, task=task)
         out.append((torch.from_numpy(X), torch.from_numpy(y), 192))
     return out
 
@@ -136,17 +164,19 @@ def plot_log(log_path: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
     rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     tr = [r for r in rows if "loss" in r]
-    ev = [r for r in rows if "val_ce" in r]
+    key, name = ("val_pinball", "pinball loss") if any("val_pinball" in r for r in rows) else ("val_ce",
+                                                                                                "cross-entropy")
+    ev = [r for r in rows if key in r]
     fig, ax = plt.subplots(figsize=(6, 4))
     if tr:
         w = 20
         loss = np.array([r["loss"] for r in tr])
         smooth = np.convolve(loss, np.ones(w) / w, mode="valid") if len(loss) >= w else loss
-        ax.plot([r["datasets"] for r in tr][len(tr) - len(smooth):], smooth, label="train CE (20-step mean)")
+        ax.plot([r["datasets"] for r in tr][len(tr) - len(smooth):], smooth, label=f"train {name} (20-step mean)")
     if ev:
-        ax.plot([r["datasets"] for r in ev], [r["val_ce"] for r in ev], "o-", label="held-out prior CE")
+        ax.plot([r["datasets"] for r in ev], [r[key] for r in ev], "o-", label=f"held-out prior {name}")
     ax.set_xlabel("synthetic datasets seen")
-    ax.set_ylabel("cross-entropy")
+    ax.set_ylabel(name)
     ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=100)
@@ -170,7 +200,13 @@ def main(argv=None) -> dict:
     state_path, log_path = out / "state.pt", out / "log.jsonl"
 
     torch.manual_seed(args.seed)
-    cfg = TabICLConfig(**json.loads(args.model))
+    regression = args.task == "regression"
+    overrides = json.loads(args.model)
+    if regression:
+        if overrides.get("max_classes", 0) != 0:
+            raise SystemExit("--task regression needs max_classes 0 (the quantile head); drop it from --model")
+        overrides["max_classes"] = 0
+    cfg = TabICLConfig(**overrides)
     model = TabICL(cfg).to(device)
     opt = make_optimizer(model, args.optimizer, args.lr)
     step, elapsed, datasets = 0, 0.0, 0
@@ -186,7 +222,7 @@ def main(argv=None) -> dict:
         log_path.unlink()
     for g in opt.param_groups:
         g.setdefault("initial_lr", args.lr)
-    val = validation_set(n_batches=args.val_batches) if rank == 0 else None
+    val = validation_set(n_batches=args.val_batches, task=args.task) if rank == 0 else None
     n_params = sum(p.numel() for p in model.parameters())
     if rank == 0:
         print(f"TabICL {n_params} parameters, optimizer {args.optimizer}, lr {args.lr}, world {world}", flush=True)
@@ -207,12 +243,13 @@ def main(argv=None) -> dict:
     recent = []
     while frac() < 1.0:
         rows, feats, n_train = batch_shape(args.seed, step, args)
-        X, y = sample_batch(args.seed * 10 ** 9 + step * 1000 + rank, args.batch, rows, feats, n_train)
+        X, y = sample_batch(args.seed * 10 ** 9 + step * 1000 + rank, args.batch, rows, feats, n_train,
+                            task=args.task)
         X, y = torch.from_numpy(X).to(device), torch.from_numpy(y).to(device)
         for g in opt.param_groups:
             g["lr"] = args.lr * lr_factor(frac(), args.warmup, 1e-7 / args.lr)
-        logits = model(X, y[:, :n_train])
-        loss = masked_ce(logits, y[:, n_train:], y[:, :n_train])
+        pred = model(X, y[:, :n_train])
+        loss = task_loss(pred, y[:, n_train:], y[:, :n_train], regression)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if world > 1:
@@ -255,7 +292,7 @@ def main(argv=None) -> dict:
         log.close()
         plot_log(log_path, out / "loss.png")
         result = {"steps": step, "datasets": datasets, "minutes": elapsed / 60, "params": n_params,
-                  "optimizer": args.optimizer, "lr": args.lr, **ev}
+                  "optimizer": args.optimizer, "lr": args.lr, "task": args.task, **ev}
         if args.export:
             export_checkpoint(model, args.export, {**result, "args": vars(args)})
         print(json.dumps(result), flush=True)

@@ -15,9 +15,12 @@ Reconstructed from the design in soda-inria/tabicl at commit 8f1aa2098c894ab91db
 4. **Converters**: feature columns are node dimensions, numeric (optionally warped) or categorical (quantile or
    nearest-centre discretisation, random category codes); the target is a node converted to 2..max_classes
    classes by random quantile boundaries with permuted labels (or by argmax of a softmax discretiser).
+   Regression (``task="regression"``, the v2 regressor's prior): the target is a random projection of the node,
+   kept continuous, outlier-clipped (|z| > 4) and standardised with training statistics.
 5. **Filtering**: a dataset is rejected if some class is missing from the training part, or if a depth-3 decision
    tree fitted on half of the training rows does not beat the majority class on the other half (y independent
-   of x); the official prior also filters unpredictable graphs, which we do not.
+   of x; for regression: its R^2 on the other half is not above 0); the official prior also filters
+   unpredictable graphs, which we do not.
 6. **Post-processing**: outlier clipping (|z| > 4 pulled to the bound, as the estimator does), standardisation
    with train statistics, random feature and row permutations.
 
@@ -31,11 +34,12 @@ import hashlib
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.tree import DecisionTreeClassifier
+from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 FUNCTION_TYPES = ("mlp", "tree", "discretise", "rff", "linear", "quadratic", "soft_assign", "product")
 AGGREGATIONS = ("sum", "product", "max", "logsumexp", "concat")
 ROOT_TYPES = ("gaussian", "uniform", "mixture", "circle")
+TASKS = ("classification", "regression")
 
 
 @dataclass
@@ -241,6 +245,21 @@ def _y_predictable(X: np.ndarray, y: np.ndarray, seed: int, min_gain: float) -> 
     return acc > majority + min_gain
 
 
+def _y_predictable_regression(X: np.ndarray, y: np.ndarray, seed: int, min_gain: float) -> bool:
+    """True if a depth-3 regression tree fitted on half the rows has R^2 > min_gain on the other half."""
+    half = len(y) // 2
+    tree = DecisionTreeRegressor(max_depth=3, random_state=seed).fit(X[:half], y[:half])
+    resid = ((tree.predict(X[half:]) - y[half:]) ** 2).sum()
+    total = ((y[half:] - y[:half].mean()) ** 2).sum()
+    return total > 0 and 1 - resid / total > min_gain
+
+
+def standardise_target(y: np.ndarray, n_train: int, clip: float = 4.0) -> np.ndarray:
+    """z-score y with training statistics, pull |z| > clip to +-clip (outliers), re-standardise."""
+    z = np.clip((y - y[:n_train].mean()) / (y[:n_train].std() + 1e-6), -clip, clip)
+    return (z - z[:n_train].mean()) / (z[:n_train].std() + 1e-6)
+
+
 def postprocess(X: np.ndarray, n_train: int, clip: float = 4.0) -> np.ndarray:
     """Standardise with training statistics, pull |z| > clip to +-clip, re-standardise, clip to +-100."""
     mu, sd = X[:n_train].mean(0), X[:n_train].std(0) + 1e-6
@@ -250,13 +269,17 @@ def postprocess(X: np.ndarray, n_train: int, clip: float = 4.0) -> np.ndarray:
 
 
 def sample_dataset(seed: int, n_rows: int, n_features: int, n_train: int, n_classes: int | None = None,
-                   cfg: PriorConfig | None = None, max_tries: int = 50) -> tuple[np.ndarray, np.ndarray, int]:
-    """One accepted dataset: ``X`` float32 (n_rows, n_features), ``y`` int64 (n_rows,), and the number of tries.
+                   cfg: PriorConfig | None = None, max_tries: int = 50,
+                   task: str = "classification") -> tuple[np.ndarray, np.ndarray, int]:
+    """One accepted dataset: ``X`` float32 (n_rows, n_features), ``y`` (n_rows,), and the number of tries.
 
-    Rows ``[:n_train]`` are the training part (every class present there); classes are 0..n_classes-1.
+    Rows ``[:n_train]`` are the training part. Classification: ``y`` int64, classes 0..n_classes-1, every class
+    present in the training part. Regression: ``y`` float32, standardised with training statistics.
     Deterministic in ``seed``.
     """
     cfg = cfg or PriorConfig()
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if not 1 <= n_features:
         raise ValueError(f"n_features must be >= 1, got {n_features}")
     if not 2 <= n_train < n_rows:
@@ -269,7 +292,10 @@ def sample_dataset(seed: int, n_rows: int, n_features: int, n_train: int, n_clas
         cols = np.concatenate(values, 1)
         node_of = np.concatenate([np.full(v.shape[1], i) for i, v in enumerate(values)])
         y_node = int(rng.integers(len(values)))
-        y = _target(rng, values[y_node], k)
+        if task == "regression":
+            y = values[y_node] @ rng.normal(size=values[y_node].shape[1])
+        else:
+            y = _target(rng, values[y_node], k)
         candidates = np.flatnonzero(node_of != y_node)
         if len(candidates) == 0:
             continue
@@ -280,6 +306,11 @@ def sample_dataset(seed: int, n_rows: int, n_features: int, n_train: int, n_clas
                 X[:, j] = _categorical(rng, X[:, j])
         perm = rng.permutation(n_rows)
         X, y = X[perm], y[perm]
+        if task == "regression":
+            if (not np.isfinite(X).all() or not np.isfinite(y).all()
+                    or not _y_predictable_regression(X[:n_train], y[:n_train], seed, cfg.min_tree_gain)):
+                continue
+            return postprocess(X, n_train).astype(np.float32), standardise_target(y, n_train).astype(np.float32), tries
         present = np.unique(y[:n_train])
         if len(present) < 2:
             continue
@@ -302,11 +333,12 @@ def sample_dataset(seed: int, n_rows: int, n_features: int, n_train: int, n_clas
 
 
 def sample_batch(seed: int, batch_size: int, n_rows: int, n_features: int, n_train: int,
-                 cfg: PriorConfig | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``batch_size`` datasets of one shape: X (B, n_rows, n_features) float32, y (B, n_rows) int64."""
+                 cfg: PriorConfig | None = None, task: str = "classification") -> tuple[np.ndarray, np.ndarray]:
+    """``batch_size`` datasets of one shape: X (B, n_rows, n_features) float32, y (B, n_rows) int64 (classes)
+    or float32 (regression)."""
     ss = np.random.SeedSequence(seed)
     seeds = [int(s.generate_state(1)[0]) for s in ss.spawn(batch_size)]
-    Xs, ys = zip(*[sample_dataset(s, n_rows, n_features, n_train, cfg=cfg)[:2] for s in seeds])
+    Xs, ys = zip(*[sample_dataset(s, n_rows, n_features, n_train, cfg=cfg, task=task)[:2] for s in seeds])
     return np.stack(Xs), np.stack(ys)
 
 

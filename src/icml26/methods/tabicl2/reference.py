@@ -13,7 +13,9 @@ A table of T rows (the first ``n_train`` labelled) and H features goes through t
    layer-normed and concatenated into a row vector of width C*E.
 3. **In-context stage** (``ICLearner``): the label embedding is added to the training rows; every row (train
    and test) attends only to the training rows, with (QA)SSMax, n = n_train; final LN and an MLP head give
-   ``max_classes`` logits.
+   ``max_classes`` logits, or, for the regressor (``max_classes == 0``, the official convention), ``num_quantiles``
+   quantiles of y at levels linspace(0, 1, Q + 2)[1:-1]. The regressor embeds the (standardised) target with a
+   linear map 1 -> width instead of one-hot + linear, in both stages.
 
 Nothing lets a training row see a test row, and nothing mixes two test rows, so a test row's prediction does not
 depend on the other test rows; no stage has a row position, so permuting training rows does not change it.
@@ -83,6 +85,30 @@ class QASSMax(nn.Module):
     def forward(self, q: Tensor, n: int) -> Tensor:
         """q (..., heads, Tq, d_h), n = number of keys -> scaled q, same shape."""
         return q * self.base_scale(n, q) * (1 + torch.tanh(self.query_mlp(q)))
+
+
+def target_encoder(cfg: TabICLConfig, width: int) -> nn.Linear:
+    """Label embedding: one-hot (max_classes) -> width for classes; scalar y -> width for regression."""
+    return nn.Linear(1 if cfg.regression else cfg.max_classes, width)
+
+
+def embed_target(encoder: nn.Linear, y: Tensor, cfg: TabICLConfig, dtype: torch.dtype) -> Tensor:
+    """y (B, n) int64 class ids or float targets -> (B, n, width)."""
+    if cfg.regression:
+        return encoder(y.to(dtype)[..., None])
+    return encoder(F.one_hot(y, cfg.max_classes).to(dtype))
+
+
+def quantile_levels(num_quantiles: int, device=None, dtype=torch.float32) -> Tensor:
+    """alpha_1..alpha_Q = linspace(0, 1, Q + 2)[1:-1], the levels the regression head predicts (official)."""
+    return torch.linspace(0.0, 1.0, num_quantiles + 2, device=device, dtype=dtype)[1:-1]
+
+
+def pinball_loss(pred: Tensor, y: Tensor) -> Tensor:
+    """Mean pinball loss of quantile predictions pred (..., Q) for targets y (...) at :func:`quantile_levels`."""
+    alphas = quantile_levels(pred.shape[-1], pred.device, pred.dtype)
+    err = y[..., None] - pred
+    return torch.maximum(alphas * err, (alphas - 1) * err).mean()
 
 
 def make_ssmax(kind: str, num_heads: int, head_dim: int, hidden: int) -> nn.Module | None:
@@ -187,13 +213,13 @@ class ColumnEmbedder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.in_linear = nn.Linear(cfg.feature_group_size, cfg.embed_dim)
-        self.y_encoder = nn.Linear(cfg.max_classes, cfg.embed_dim)  # one-hot then linear
+        self.y_encoder = target_encoder(cfg, cfg.embed_dim)
         self.blocks = nn.ModuleList(InducedBlock(cfg) for _ in range(cfg.col_num_blocks))
 
     def forward(self, X: Tensor, y_train: Tensor) -> Tensor:
         n_train = y_train.shape[1]
         cells = self.in_linear(group_features(X, self.cfg.feature_group_size)).transpose(1, 2)  # (B, G, T, E)
-        y_emb = self.y_encoder(F.one_hot(y_train, self.cfg.max_classes).to(cells.dtype))  # (B, n_train, E)
+        y_emb = embed_target(self.y_encoder, y_train, self.cfg, cells.dtype)  # (B, n_train, E)
         cells = torch.cat([cells[:, :, :n_train] + y_emb[:, None], cells[:, :, n_train:]], dim=2)
         for block in self.blocks:
             cells = block(cells, n_train)
@@ -225,21 +251,21 @@ class RowInteractor(nn.Module):
 
 
 class ICLearner(nn.Module):
-    """In-context stage: rows attend to training rows only; logits (B, T, max_classes)."""
+    """In-context stage: rows attend to training rows only; logits (B, T, max_classes) or quantiles (B, T, Q)."""
 
     def __init__(self, cfg: TabICLConfig):
         super().__init__()
         D = cfg.icl_dim
         self.cfg = cfg
-        self.y_encoder = nn.Linear(cfg.max_classes, D)
+        self.y_encoder = target_encoder(cfg, D)
         self.blocks = nn.ModuleList(Block(D, cfg.icl_nhead, cfg.ff_factor, cfg.ssmax, cfg.ssmax_hidden)
                                     for _ in range(cfg.icl_num_blocks))
         self.ln = nn.LayerNorm(D)
-        self.decoder = nn.Sequential(nn.Linear(D, 2 * D), nn.GELU(), nn.Linear(2 * D, cfg.max_classes))
+        self.decoder = nn.Sequential(nn.Linear(D, 2 * D), nn.GELU(), nn.Linear(2 * D, cfg.out_dim))
 
     def forward(self, R: Tensor, y_train: Tensor) -> Tensor:
         n_train = y_train.shape[1]
-        y_emb = self.y_encoder(F.one_hot(y_train, self.cfg.max_classes).to(R.dtype))
+        y_emb = embed_target(self.y_encoder, y_train, self.cfg, R.dtype)
         x = torch.cat([R[:, :n_train] + y_emb, R[:, n_train:]], dim=1)
         for block in self.blocks:
             x = block(x, x[:, :n_train])
@@ -247,10 +273,11 @@ class ICLearner(nn.Module):
 
 
 class TabICL(nn.Module):
-    """TabICLv2 classifier network.
+    """TabICLv2 network (classifier, or quantile regressor when ``cfg.max_classes == 0``).
 
-    ``forward(X, y_train)``: X (B, T, H) float (standardised), y_train (B, n_train) int64 in [0, max_classes);
-    returns logits (B, T - n_train, max_classes) for the test rows (rows n_train..T-1).
+    ``forward(X, y_train)``: X (B, T, H) float (standardised), y_train (B, n_train) int64 in [0, max_classes)
+    (classes) or float (standardised targets, regression); returns logits (B, T - n_train, max_classes) or raw
+    quantiles (B, T - n_train, num_quantiles) for the test rows (rows n_train..T-1).
     """
 
     def __init__(self, cfg: TabICLConfig | None = None):
@@ -269,6 +296,14 @@ class TabICL(nn.Module):
             raise ValueError(f"need 0 < n_train < T, got n_train={n_train}, T={X.shape[1]}")
         R = self.row(self.col(X, y_train))
         return self.icl(R, y_train)[:, n_train:]
+
+    @torch.no_grad()
+    def predict_quantiles(self, X: Tensor, y_train: Tensor) -> Tensor:
+        """Monotone quantiles (B, T - n_train, Q): the raw head sorted along Q (the official default
+        ``crossing_method="sort"``); their mean over Q is the predicted mean (official ``output_type="mean"``)."""
+        if not self.cfg.regression:
+            raise ValueError("predict_quantiles needs a regression network (TabICLConfig.max_classes == 0)")
+        return self.forward(X, y_train).sort(-1).values
 
     @torch.no_grad()
     def predict_proba(self, X: Tensor, y_train: Tensor, n_classes: int, temperature: float | None = None) -> Tensor:
