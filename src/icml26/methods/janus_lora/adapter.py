@@ -10,6 +10,20 @@ from torch import nn
 from ...core.adapters import AdapterLinear
 
 
+def _check_rank_alpha(r: int, alpha: float) -> None:
+    if not isinstance(r, int) or isinstance(r, bool):
+        raise TypeError(f"r (adapter rank) must be an int, got {type(r).__name__}")
+    if r < 1:
+        raise ValueError(f"r (adapter rank) must be >= 1, got {r}")
+    if not (isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a finite number > 0 (the update is scaled by alpha / r), got {alpha!r}")
+
+
+def _check_basis_rows(V: torch.Tensor, dim: int, who: str) -> None:
+    if V.ndim != 2 or V.shape[0] != dim:
+        raise ValueError(f"{who}: the basis V must be (d_in={dim}, k), got shape {tuple(V.shape)}")
+
+
 class JanusLoRALinear(AdapterLinear):
     """LoRA whose factors a continual trainer re-draws per task: delta W = (alpha / r) B A.
 
@@ -21,8 +35,11 @@ class JanusLoRALinear(AdapterLinear):
     """
 
     prefix = "janus_"
+    rank_limited = True
 
     def __init__(self, base: nn.Linear, r: int, alpha: float):
+        # Checked before the base layer is frozen, so a refused layer leaves the model as it was.
+        _check_rank_alpha(r, alpha)
         super().__init__(base, r, alpha)
         dtype, device = base.weight.dtype, base.weight.device
         self.janus_A = nn.Parameter(torch.empty(r, base.in_features, dtype=dtype, device=device))
@@ -43,10 +60,19 @@ class JanusLoRALinear(AdapterLinear):
         return self.scaling * nn.functional.linear(nn.functional.linear(x, self.janus_A), self.janus_B)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"JanusLoRALinear expects inputs (..., {self.in_features}), got shape {tuple(x.shape)}")
         if self.track_inputs:
             with torch.no_grad():
                 flat = x.detach().reshape(-1, x.shape[-1]).double()
-                self.input_cov += flat.T @ flat
+                update = flat.T @ flat
+                # A NaN/inf input would poison the whole task's covariance, and with it the protected basis.
+                if not bool(torch.isfinite(update).all()):
+                    raise ValueError(f"non-finite input to a JanusLoRALinear ({self.in_features} -> "
+                                     f"{self.out_features}) while it collects inputs for Online Estimation")
+                if self.input_cov.device != update.device:  # the covariance follows the model's device
+                    self.input_cov = self.input_cov.to(update.device)
+                self.input_cov += update
                 self.input_count += flat.shape[0]
         return super().forward(x)
 
@@ -62,15 +88,16 @@ class JanusLoRALinear(AdapterLinear):
         self.janus_B.zero_()
         nn.init.kaiming_uniform_(self.janus_A, a=math.sqrt(5))
         if basis is not None and basis.shape[1] > 0:
-            V = basis.to(self.janus_A.dtype)
+            V = basis.to(self.janus_A)
             self.janus_A -= (self.janus_A @ V) @ V.T
 
 
 def project_off(M: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    """M (I - V V^T): remove the components of M's rows in span(V)."""
+    """M (I - V V^T): remove the components of M's rows in span(V); M (r, d), V (d, k) orthonormal."""
+    _check_basis_rows(V, M.shape[-1], "project_off")
     if V.shape[1] == 0:
         return M
-    V = V.to(M.dtype)
+    V = V.to(M)
     return M - (M @ V) @ V.T
 
 
@@ -83,10 +110,20 @@ def rectify_min_norm(A: torch.Tensor, B: torch.Tensor, V: torch.Tensor, dA: torc
     below ``rcond`` times the largest are treated as zero: a pseudo-inverse). Returns the plain step unchanged when
     V has no columns. Solved in float64, returned in the input dtype.
     """
+    if A.ndim != 2 or B.ndim != 2 or B.shape[1] != A.shape[0]:
+        raise ValueError(f"rectify_min_norm needs A (r, d_in) and B (d_out, r), got {tuple(A.shape)} and "
+                         f"{tuple(B.shape)}")
+    if dA.shape != A.shape or dB.shape != B.shape:
+        raise ValueError(f"the steps must have the factors' shapes: dA {tuple(dA.shape)} vs A {tuple(A.shape)}, "
+                         f"dB {tuple(dB.shape)} vs B {tuple(B.shape)}")
+    _check_basis_rows(V, A.shape[1], "rectify_min_norm")
+    if not (isinstance(rcond, (int, float)) and not isinstance(rcond, bool) and 0.0 < rcond < 1.0):
+        raise ValueError(f"rcond must lie in (0, 1), got {rcond!r}")
     if V.shape[1] == 0:
         return dA, dB
     dtype = dA.dtype
-    A64, B64, V64, dA64, dB64 = (t.double() for t in (A, B, V, dA, dB))
+    A64, B64, dA64, dB64 = (t.double() for t in (A, B, dA, dB))
+    V64 = V.to(A64)
     AV = A64 @ V64                                        # (r, k)
     R = B64 @ (dA64 @ V64) + dB64 @ AV                    # (d_out, k)
     m, U = torch.linalg.eigh(B64 @ B64.T)                 # d_out eigenpairs of B B^T
@@ -113,12 +150,17 @@ class OnlineSubspace:
     """
 
     def __init__(self, dim: int, tau: float):
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+            raise ValueError(f"dim (the layer's input size d_in) must be a positive int, got {dim!r}")
+        if not (isinstance(tau, (int, float)) and not isinstance(tau, bool) and 0.0 < tau <= 1.0):
+            raise ValueError(f"tau (energy threshold) must lie in (0, 1], got {tau!r}")
         self.dim, self.tau = dim, tau
         self.basis = torch.zeros(dim, 0, dtype=torch.float64)
 
     def update(self, cov: torch.Tensor) -> int:
-        """Extend the basis with this task's covariance; returns the number of directions added."""
-        C = cov.double()
+        """Extend the basis with this task's covariance (dim, dim); returns the number of directions added."""
+        self.check_covariance(cov)
+        C = cov.double().to(self.basis.device)
         total = float(torch.trace(C))
         if total <= 0.0:
             return 0
@@ -139,6 +181,14 @@ class OnlineSubspace:
             self.basis = torch.cat([V, Qn], dim=1)
         return k
 
+    def check_covariance(self, cov: torch.Tensor, name: str = "cov") -> None:
+        """Raise ValueError unless ``cov`` is a finite (dim, dim) tensor (called before the basis changes)."""
+        if not isinstance(cov, torch.Tensor) or tuple(cov.shape) != (self.dim, self.dim):
+            shape = tuple(cov.shape) if isinstance(cov, torch.Tensor) else type(cov).__name__
+            raise ValueError(f"{name} must be a ({self.dim}, {self.dim}) input covariance, got {shape}")
+        if not bool(torch.isfinite(cov).all()):
+            raise ValueError(f"{name} has NaN or inf entries: the protected basis would be meaningless")
+
     def captured_fraction(self, cov: torch.Tensor) -> float:
         """trace(V^T C V) / trace(C): the share of C's energy inside span(V)."""
         C = cov.double()
@@ -151,7 +201,14 @@ def decoupled_margin_loss(features: torch.Tensor, prototypes: torch.Tensor, marg
     Zero when there are no old prototypes or every cosine is at most the margin. Kept apart from ("decoupled" from)
     the cross-entropy of the current task (RECON: the exact form is not public).
     """
+    if features.ndim != 2:
+        raise ValueError(f"features must be (n, D), got shape {tuple(features.shape)}")
+    if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and -1.0 <= margin < 1.0):
+        raise ValueError(f"margin must be a cosine in [-1, 1), got {margin!r}")
     if prototypes.shape[0] == 0:
         return features.sum() * 0.0
+    if prototypes.ndim != 2 or prototypes.shape[1] != features.shape[1]:
+        raise ValueError(f"features have dimension {features.shape[1]} but the prototypes are "
+                         f"{tuple(prototypes.shape)}: they must come from the same feature extractor")
     cos = nn.functional.normalize(features, dim=-1) @ nn.functional.normalize(prototypes, dim=-1).T
     return torch.clamp(cos - margin, min=0.0).sum(dim=1).mean()

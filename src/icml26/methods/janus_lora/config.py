@@ -46,6 +46,9 @@ class JanusLoRAConfig:
         "help": "relative eigenvalue cut-off of the Sylvester pseudo-inverse in the min_norm GR solve (ours)"})
 
     def __post_init__(self) -> None:
+        for name in ("dml_weight", "margin", "energy_threshold", "lr", "momentum", "rcond"):
+            if isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a number, got the bool {getattr(self, name)!r}")
         if self.projection not in PROJECTIONS:
             raise ValueError(f"projection must be one of {PROJECTIONS}, got {self.projection!r}")
         if self.gr_solver not in GR_SOLVERS:
@@ -54,7 +57,7 @@ class JanusLoRAConfig:
             raise ValueError(f"subspace must be one of {SUBSPACES}, got {self.subspace!r}")
         if not (isinstance(self.dml_weight, (int, float)) and math.isfinite(self.dml_weight) and self.dml_weight >= 0):
             raise ValueError(f"dml_weight must be a finite number >= 0 (0 switches DML off), got {self.dml_weight!r}")
-        if not (isinstance(self.margin, (int, float)) and -1.0 <= self.margin < 1.0):
+        if not (isinstance(self.margin, (int, float)) and -1.0 <= self.margin < 1.0):  # NaN fails too
             raise ValueError(f"margin must be a cosine in [-1, 1), got {self.margin!r}")
         if not (isinstance(self.energy_threshold, (int, float)) and 0.0 < self.energy_threshold <= 1.0):
             raise ValueError(f"energy_threshold must lie in (0, 1], got {self.energy_threshold!r}")

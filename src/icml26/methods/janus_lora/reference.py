@@ -15,7 +15,8 @@ def composite_update(A: torch.Tensor, B: torch.Tensor, dA: torch.Tensor, dB: tor
 
 def null_space_violation(dW: torch.Tensor, V: torch.Tensor) -> float:
     """NV = ||dW V||_F / ||dW||_F (0 when the update leaves the protected inputs' outputs unchanged)."""
-    dW, V = dW.double(), V.double()
+    dW = dW.double()
+    V = V.to(dW)
     norm = torch.linalg.matrix_norm(dW)
     if V.shape[1] == 0 or float(norm) == 0.0:
         return 0.0
