@@ -128,7 +128,12 @@ def select_blocks(model: nn.Module, patterns: Sequence[tuple[str, Any]] | Mappin
     Tied parameters appear once, under their first name. Each pattern must select at least one 2-D parameter.
     """
     items = list(patterns.items()) if isinstance(patterns, Mapping) else list(patterns)
-    compiled = [(re.compile(p), v, p) for p, v in items]
+    compiled = []
+    for pattern, value in items:
+        try:
+            compiled.append((re.compile(pattern), value, pattern))
+        except (re.error, TypeError) as err:
+            raise ValueError(f"block pattern {pattern!r} is not a valid regular expression: {err}") from None
     chosen: dict[str, Any] = {}
     used = set()
     for name, param in model.named_parameters():
@@ -153,6 +158,12 @@ def _default_patterns(model: nn.Module) -> list[tuple[str, BlockConfig]]:
         if any(re.fullmatch(pattern, n) for n in names):
             out.append((pattern, official_block_config(kind)))
     return out
+
+
+def _check_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    bad = [name for name, t in tensors.items() if not bool(torch.isfinite(t.detach()).all())]
+    if bad:
+        raise ValueError(f"{what} of block(s) {bad} has NaN or inf entries (a diverged step?): nothing was updated")
 
 
 class _Block:
@@ -190,12 +201,34 @@ class _Block:
                 "epoch": self.epoch, "nr_rank": self.nr_rank, "alpha": self.alpha.state_dict(),
                 "beta": self.beta.state_dict()}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def check_state(self, state: Mapping[str, Any]) -> None:
+        """Raise ValueError unless ``state`` is a complete, finite block state of this block's shape."""
+        missing = [k for k in ("L", "S", "Y", "rho", "rho0", "epoch", "nr_rank", "alpha", "beta") if k not in state]
+        if missing:
+            raise ValueError(f"block {self.name}: checkpoint lacks {missing}")
         for key in ("L", "S", "Y"):
             value = state[key]
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"block {self.name}: {key} must be a tensor, got {type(value).__name__}")
             if tuple(value.shape) != self.shape:
                 raise ValueError(f"block {self.name}: {key} has shape {tuple(value.shape)}, expected {self.shape}")
-            setattr(self, key, value.detach().to(self.L.dtype).clone())
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"block {self.name}: {key} has NaN or inf entries")
+        for key in ("rho", "rho0"):
+            if not (isinstance(state[key], (int, float)) and math.isfinite(state[key]) and state[key] > 0):
+                raise ValueError(f"block {self.name}: {key} must be a positive finite number, got {state[key]!r}")
+        for key in ("alpha", "beta"):
+            sub = state[key]
+            if not isinstance(sub, Mapping) or not all(k in sub for k in ("value", "dvalue", "updates",
+                                                                          "previous_rate")):
+                raise ValueError(f"block {self.name}: {key} must be a controller state_dict()")
+            if not all(math.isfinite(float(sub[k])) for k in ("value", "dvalue", "previous_rate")):
+                raise ValueError(f"block {self.name}: the {key} controller state is not finite: {dict(sub)}")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.check_state(state)
+        for key in ("L", "S", "Y"):
+            setattr(self, key, state[key].detach().to(self.L).clone())
         self.rho, self.rho0, self.epoch = float(state["rho"]), float(state["rho0"]), int(state["epoch"])
         self.nr_rank = int(state["nr_rank"])
         self.alpha.load_state_dict(state["alpha"])
@@ -231,6 +264,10 @@ class SALAAD:
         self.config = config or SALAADConfig()
         if not isinstance(self.config, SALAADConfig):
             raise ValueError(f"config must be a SALAADConfig, got {type(self.config).__name__}")
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype (of L, S, Y) must be a floating torch.dtype such as torch.float32, got {dtype!r}")
         self.model, self.coupled = model, bool(coupled)
         patterns = _default_patterns(model) if blocks is None else blocks
         chosen = select_blocks(model, patterns)
@@ -243,6 +280,8 @@ class SALAAD:
             if not isinstance(cfg, BlockConfig):
                 raise ValueError(f"blocks[{name!r}] must be a BlockConfig or a kind name, got {type(value).__name__}")
             configs[name] = cfg
+        # Checked before truncate_init rewrites any weight: an SVD of a NaN block fails (or poisons L) anyway.
+        _check_finite({name: params[name] for name in configs}, "weight")
         if self.config.truncate_init:
             with torch.no_grad():
                 for name, cfg in configs.items():
@@ -267,16 +306,22 @@ class SALAAD:
         return total
 
     def step(self) -> bool:
-        """Count one optimizer step; run the ADMM block when the count is a multiple of ``num_freq``."""
-        self.num_steps += 1
-        if self.num_steps % self.config.num_freq:
+        """Count one optimizer step; run the ADMM block when the count is a multiple of ``num_freq``.
+
+        The count moves only when the ADMM block (if due) succeeded, so a refused update can be retried."""
+        if (self.num_steps + 1) % self.config.num_freq:
+            self.num_steps += 1
             return False
         self.admm_update()
+        self.num_steps += 1
         return True
 
     @torch.no_grad()
     def admm_update(self) -> None:
-        """One ADMM block (L, alpha, S, beta, rho, Y) on every block; equal shapes share a batched SVD."""
+        """One ADMM block (L, alpha, S, beta, rho, Y) on every block; equal shapes share a batched SVD.
+
+        Raises ValueError naming the blocks whose weight X is NaN/inf (a diverged step), before any block changes."""
+        _check_finite({name: b.param for name, b in self.blocks.items()}, "weight X")
         groups: dict[tuple[int, int], list[_Block]] = {}
         for b in self.blocks.values():
             groups.setdefault(b.shape, []).append(b)
@@ -289,10 +334,10 @@ class SALAAD:
         s_old = torch.stack([b.S for b in group])
         y = torch.stack([b.Y for b in group])
         dtype = x.dtype
-        rho = torch.tensor([b.rho for b in group], dtype=dtype).view(-1, 1, 1)
+        rho = torch.tensor([b.rho for b in group], dtype=dtype, device=x.device).view(-1, 1, 1)
         # L step: SVT of X - S + Y/rho with each block's own alpha/rho.
         u, sv, vh = torch.linalg.svd(x - s_old + y / rho, full_matrices=False)
-        tau_l = torch.tensor([b.alpha.value / b.rho for b in group], dtype=dtype).view(-1, 1)
+        tau_l = torch.tensor([b.alpha.value / b.rho for b in group], dtype=dtype, device=x.device).view(-1, 1)
         sv = soft_threshold(sv, tau_l)
         low = (u * sv.unsqueeze(-2)) @ vh
         for i, b in enumerate(group):
@@ -304,7 +349,7 @@ class SALAAD:
         for i, b in enumerate(group):
             if b.beta.config.mode == "hard_cut":
                 b.beta.cut(t[i], b.rho)
-        tau_s = torch.tensor([b.beta.value / b.rho for b in group], dtype=dtype).view(-1, 1, 1)
+        tau_s = torch.tensor([b.beta.value / b.rho for b in group], dtype=dtype, device=x.device).view(-1, 1, 1)
         sparse = soft_threshold(t, tau_s)
         for i, b in enumerate(group):
             b.S = sparse[i]
@@ -312,7 +357,7 @@ class SALAAD:
             b.epoch += 1
             b.rho = rho_at(b.config.rho, b.epoch, b.rho0)
         # Dual ascent with the updated rho.
-        rho_new = torch.tensor([b.rho for b in group], dtype=dtype).view(-1, 1, 1)
+        rho_new = torch.tensor([b.rho for b in group], dtype=dtype, device=x.device).view(-1, 1, 1)
         y = y + rho_new * (x - low - sparse)
         for i, b in enumerate(group):
             b.Y = y[i]
@@ -341,9 +386,17 @@ class SALAAD:
                 "blocks": {name: b.state_dict() for name, b in self.blocks.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; every block is checked before any is loaded."""
+        if not isinstance(state, Mapping) or not all(k in state for k in ("blocks", "num_steps", "num_updates")):
+            raise ValueError("state must be a SALAAD.state_dict() with 'blocks', 'num_steps' and 'num_updates'")
         names = set(state["blocks"])
         if names != set(self.blocks):
             raise ValueError(f"checkpoint blocks {sorted(names)} differ from this hook's {sorted(self.blocks)}")
+        for key in ("num_steps", "num_updates"):
+            if not isinstance(state[key], int) or isinstance(state[key], bool) or state[key] < 0:
+                raise ValueError(f"{key} must be an int >= 0, got {state[key]!r}")
+        for name, b in self.blocks.items():
+            b.check_state(state["blocks"][name])
         for name, b in self.blocks.items():
             b.load_state_dict(state["blocks"][name])
         self.num_steps, self.num_updates = int(state["num_steps"]), int(state["num_updates"])

@@ -26,13 +26,20 @@ MAGNITUDE_ALLOCATIONS = ("uniform", "global", "normalized")
 
 
 def _weights(model: nn.Module, blocks: Sequence[str]) -> dict[str, torch.Tensor]:
+    if isinstance(blocks, str):
+        raise TypeError(f"blocks must be a list of parameter names, got the str {blocks!r}")
+    if not blocks:
+        raise ValueError("blocks is empty: name at least one 2-D parameter to compress")
     params = dict(model.named_parameters())
     missing = [b for b in blocks if b not in params]
     if missing:
-        raise KeyError(f"blocks {missing} are not parameters of the model")
+        raise ValueError(f"blocks {missing} are not parameters of the model")
     bad = [b for b in blocks if params[b].ndim != 2]
     if bad:
         raise ValueError(f"blocks {bad} are not 2-D weights")
+    nonfinite = [b for b in blocks if not bool(torch.isfinite(params[b]).all())]
+    if nonfinite:
+        raise ValueError(f"blocks {nonfinite} have NaN or inf entries")
     return {b: params[b].detach().float() for b in blocks}
 
 
@@ -123,13 +130,13 @@ def magnitude_prune(model: nn.Module, fraction: float, blocks: Sequence[str], *,
                  for k, w in weights.items()}
         scores = {k: w.abs().flatten() / scale[k] for k, w in weights.items()}
         flat = torch.cat([scores[k] for k in weights])
-        owner = torch.cat([torch.full((sizes[k],), i) for i, k in enumerate(weights)])
+        owner = torch.cat([torch.full((sizes[k],), i, device=flat.device) for i, k in enumerate(weights)])
         top = torch.topk(flat, min(budget, total)).indices
         counts = torch.bincount(owner[top], minlength=len(weights))
         keep = {k: int(counts[i]) for i, k in enumerate(weights)}
     new, report_blocks = {}, {}
     for k, w in weights.items():
-        mask = torch.zeros(sizes[k], dtype=torch.bool)
+        mask = torch.zeros(sizes[k], dtype=torch.bool, device=w.device)
         if keep[k] > 0:
             mask[torch.topk(w.abs().flatten(), keep[k]).indices] = True
         new[k] = w * mask.view_as(w)
@@ -142,6 +149,14 @@ def magnitude_prune(model: nn.Module, fraction: float, blocks: Sequence[str], *,
 
 def _shrink(x: torch.Tensor, tau: float) -> torch.Tensor:
     return torch.sign(x) * torch.clamp_min(x.abs() - tau, 0.0)
+
+
+def _check_alm_options(eps1: float, eps2: float, max_iter: int) -> None:
+    for name, value in (("eps1", eps1), ("eps2", eps2)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    if not isinstance(max_iter, int) or isinstance(max_iter, bool) or max_iter < 1:
+        raise ValueError(f"max_iter must be a positive int, got {max_iter!r}")
 
 
 @torch.no_grad()
@@ -160,6 +175,22 @@ def ialm_rpca(d: torch.Tensor, lam: float | None = None, *, eps1: float = 1e-7, 
     Returns:
         (A, E, iterations), A and E (m, n) in D's dtype.
     """
+    if not isinstance(d, torch.Tensor) or d.ndim != 2 or not d.is_floating_point():
+        raise ValueError(f"d must be a 2-D floating tensor (m, n), got "
+                         f"{tuple(d.shape) if isinstance(d, torch.Tensor) else type(d).__name__}")
+    if d.numel() == 0:
+        raise ValueError(f"d is empty, shape {tuple(d.shape)}")
+    if not bool(torch.isfinite(d).all()):
+        raise ValueError("d has NaN or inf entries")
+    if lam is not None and not (isinstance(lam, (int, float)) and math.isfinite(lam)):
+        raise ValueError(f"lam must be None or a finite number (<= 0 means the default), got {lam!r}")
+    _check_alm_options(eps1, eps2, max_iter)
+    if mu is not None and not (isinstance(mu, (int, float)) and math.isfinite(mu) and mu > 0):
+        raise ValueError(f"mu must be None or a positive finite number, got {mu!r}")
+    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and rho >= 1):
+        raise ValueError(f"rho (mu's growth factor) must be a finite number >= 1, got {rho!r}")
+    if not bool(d.any()):  # D = 0 + 0 exactly; the ALM scales below would divide by ||D|| = 0
+        return torch.zeros_like(d), torch.zeros_like(d), 0
     m, n = d.shape
     lam = 1.0 / math.sqrt(m) if lam is None or lam <= 0 else float(lam)
     norm_two = float(torch.linalg.matrix_norm(d, ord=2))
@@ -192,10 +223,12 @@ def rpca_components(model: nn.Module, blocks: Sequence[str], *, lam_scale: float
                     eps2: float = 1e-2, max_iter: int = 1000) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{block: (A, E)}: IALM-RPCA of each block with lam = lam_scale / sqrt(max(m, n)) (``static_rpca.py``
     defaults: lam_scale 1, eps1 = eps2 = 1e-2), ready for ``hpa.truncate_to_budget(..., components=...)``."""
-    if not (isinstance(lam_scale, (int, float)) and lam_scale > 0):
-        raise ValueError(f"lam_scale must be > 0, got {lam_scale!r}")
+    if not (isinstance(lam_scale, (int, float)) and math.isfinite(lam_scale) and lam_scale > 0):
+        raise ValueError(f"lam_scale must be a finite number > 0, got {lam_scale!r}")
+    weights = _weights(model, blocks)
+    _check_alm_options(eps1, eps2, max_iter)
     out = {}
-    for name, w in _weights(model, blocks).items():
+    for name, w in weights.items():
         a, e, _ = ialm_rpca(w, lam_scale / math.sqrt(max(w.shape)), eps1=eps1, eps2=eps2, max_iter=max_iter)
         out[name] = (a, e)
     return out

@@ -69,7 +69,7 @@ def replace_weights(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> nn
     with torch.no_grad():
         for name, value in weights.items():
             if name not in params:
-                raise KeyError(f"{name!r} is not a parameter of the model")
+                raise ValueError(f"{name!r} is not a parameter of the model")
             if tuple(params[name].shape) != tuple(value.shape):
                 raise ValueError(f"{name}: shape {tuple(value.shape)} != parameter shape {tuple(params[name].shape)}")
             params[name].copy_(value.to(params[name].dtype))

@@ -155,7 +155,8 @@ class SALAADConfig:
             raise ValueError(f"num_freq must be a positive int, got {self.num_freq!r}")
         if not isinstance(self.truncate_init, bool):
             raise ValueError(f"truncate_init must be a bool, got {self.truncate_init!r}")
-        if not (isinstance(self.hpa_gamma, (int, float)) and 0.0 <= self.hpa_gamma <= 1.0):
+        if not (isinstance(self.hpa_gamma, (int, float)) and not isinstance(self.hpa_gamma, bool)
+                and 0.0 <= self.hpa_gamma <= 1.0):
             raise ValueError(f"hpa_gamma must lie in [0, 1], got {self.hpa_gamma!r}")
         if not _fraction(self.hpa_energy):
             raise ValueError(f"hpa_energy must lie in (0, 1], got {self.hpa_energy!r}")

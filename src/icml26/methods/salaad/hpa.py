@@ -142,14 +142,33 @@ def truncate_block(low: torch.Tensor, sparse: torch.Tensor, rank: int, keep: int
     return low_k, sparse_k
 
 
-def _components(source: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def _components(source: Any, model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{name: (L, S)} from ``source``, checked against ``model``: parameter names, shapes, finite values."""
     if isinstance(source, SALAAD):
-        return source.components()
-    if isinstance(source, Mapping) and "blocks" in source:
-        return {name: (b["L"], b["S"]) for name, b in source["blocks"].items()}
-    if isinstance(source, Mapping):
-        return {name: (pair[0], pair[1]) for name, pair in source.items()}
-    raise ValueError("components must be a SALAAD hook, its state_dict(), or {name: (L, S)}")
+        comps = source.components()
+    elif isinstance(source, Mapping) and "blocks" in source:
+        comps = {name: (b["L"], b["S"]) for name, b in source["blocks"].items()}
+    elif isinstance(source, Mapping) and all(isinstance(v, (tuple, list)) and len(v) == 2 for v in source.values()):
+        comps = {name: (pair[0], pair[1]) for name, pair in source.items()}
+    else:
+        raise ValueError("components must be a SALAAD hook, its state_dict(), or {name: (L, S)}")
+    if not comps:
+        raise ValueError("components is empty: there is no block to truncate")
+    params = dict(model.named_parameters())
+    unknown = [name for name in comps if name not in params]
+    if unknown:
+        raise ValueError(f"components {unknown} are not parameters of the model; its 2-D parameters are "
+                         f"{[n for n, p in params.items() if p.ndim == 2][:6]}")
+    for name, (low, sparse) in comps.items():
+        if not isinstance(low, torch.Tensor) or not isinstance(sparse, torch.Tensor):
+            raise ValueError(f"components[{name!r}] must be a pair of tensors (L, S)")
+        shape = tuple(params[name].shape)
+        if tuple(low.shape) != shape or tuple(sparse.shape) != shape:
+            raise ValueError(f"components[{name!r}]: L {tuple(low.shape)} and S {tuple(sparse.shape)} must both "
+                             f"have the parameter's shape {shape}")
+        if not (bool(torch.isfinite(low).all()) and bool(torch.isfinite(sparse).all())):
+            raise ValueError(f"components[{name!r}] has NaN or inf entries in L or S")
+    return comps
 
 
 def truncate_to_budget(model: nn.Module, fraction: float, *, components: Any,
@@ -162,15 +181,23 @@ def truncate_to_budget(model: nn.Module, fraction: float, *, components: Any,
         components: a :class:`SALAAD` hook, its ``state_dict()``, or {parameter name: (L, S)} (m, n) each, e.g. an
             RPCA decomposition of the weights.
         config: HPA knobs (gamma, energy, density rate); default :class:`SALAADConfig`.
+        method: the label written into the report.
+
+    Raises ValueError, before any work, for a fraction outside (0, 1] and for components that are empty, name no
+    parameter of ``model``, have another shape than the parameter, or hold NaN/inf.
 
     Returns:
         A deep copy of ``model`` (same architecture) whose blocks hold L_k + S_k, and its :class:`CompressionReport`
         (``extra`` carries the official planned count, the status flag and the untruncated surrogate size).
     """
     config = config or SALAADConfig()
-    comps = _components(components)
-    dense = count_parameters(model)
+    if not isinstance(config, SALAADConfig):
+        raise TypeError(f"config must be a SALAADConfig, got {type(config).__name__}")
+    if not isinstance(method, str) or not method:
+        raise TypeError(f"method (the report's label) must be a non-empty str, got {method!r}")
     target = target_params(model, fraction)
+    comps = _components(components, model)
+    dense = count_parameters(model)
     plan = plan_hpa(comps, dense, target, gamma=config.hpa_gamma, energy=config.hpa_energy,
                     density_rate=config.hpa_density_rate)
     weights, blocks = {}, {}
