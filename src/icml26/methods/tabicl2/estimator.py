@@ -1,11 +1,18 @@
-"""``TabICLClassifier``: the scikit-learn estimator around the TabICLv2 network (in-context learning: ``fit``
-stores the preprocessed training table, ``predict_proba`` runs the network with the training rows as context).
+"""``TabICLClassifier`` and ``TabICLRegressor``: the scikit-learn estimators around the TabICLv2 network
+(in-context learning: ``fit`` stores the preprocessed training table, ``predict``/``predict_proba`` run the network
+with the training rows as context).
 
 Inference follows the official estimator (soda-inria/tabicl at 8f1aa20, ``src/tabicl/_sklearn/``; our own code):
 preprocessing (categorical/string columns -> ordinal codes, constant-column filter, outlier clipping at |z| > 4,
 standardisation, clip to +-100), then an ensemble of ``n_estimators`` members that differ by a feature permutation,
 a circular shift of the class ids and a normalisation (``"none"`` or Yeo-Johnson ``"power"``); member logits are
 un-shifted, averaged, and turned into probabilities by softmax(logits / 0.9).
+
+The regressor (official ``_sklearn/regressor.py``) shares the preprocessing and the members (feature permutation,
+normalisation; no class shift), standardises y with the training mean and standard deviation (the official
+``y_scaler_``), and asks a regression network (``max_classes == 0``) for ``num_quantiles`` quantiles of the
+standardised y; each member's quantiles are sorted (official ``crossing_method="sort"``) and mapped back to y's
+units, and the members are averaged. ``predict`` returns the mean of the quantiles (official ``output_type="mean"``).
 
 More than ``max_classes`` (10) classes use the official many-class scheme with the same checkpoint (no retraining;
 :func:`many_class_proba`): the column stage runs once per digit of a balanced mixed-radix code of the labels (every
@@ -16,8 +23,9 @@ official estimator averages its ``return_logits`` output.
 Limits, stated plainly: missing values (NaN) are imputed with the training column mean (the official code handles
 them inside its preprocessing too; the policy here is ours); infinite values raise. The shipped checkpoint
 (``checkpoints/tabicl2_tiny.pt``) was pretrained on tables of at most 256 rows, 16 features and 10 classes; larger
-tables and the many-class path run, but outside the pretraining range. Official checkpoints cannot be loaded (their
-network has other sizes and parameter names).
+tables and the many-class path run, but outside the pretraining range. The shipped regression checkpoint
+(``checkpoints/tabicl2_reg_tiny.pt``) was pretrained on tables of at most 256 rows and 16 features. Official
+checkpoints cannot be loaded (their network has other sizes and parameter names).
 """
 
 from __future__ import annotations
@@ -30,33 +38,46 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.preprocessing import LabelEncoder, PowerTransformer
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
 from .config import TabICLConfig
-from .reference import TabICL
+from .reference import TabICL, quantile_levels
 
 DEFAULT_CHECKPOINT = "checkpoints/tabicl2_tiny.pt"
+DEFAULT_REG_CHECKPOINT = "checkpoints/tabicl2_reg_tiny.pt"
 REBUILD = ("python -m icml26.methods.tabicl2.pretrain --out results/tabicl2/pretrain --minutes 80 --max-features 16 "
            "--lr 2e-3 --batch 16 --export src/icml26/methods/tabicl2/checkpoints/tabicl2_tiny.pt")
+REBUILD_REG = ("python -m icml26.methods.tabicl2.pretrain --task regression --out results/tabicl2/pretrain_reg "
+               "--minutes 45 --max-features 16 --lr 2e-3 --batch 16 "
+               "--export src/icml26/methods/tabicl2/checkpoints/tabicl2_reg_tiny.pt")
 NORM_METHODS = ("none", "power")
 
 
-def default_checkpoint() -> Path:
-    return Path(str(resources.files("icml26.methods.tabicl2").joinpath(DEFAULT_CHECKPOINT)))
+def default_checkpoint(task: str = "classification") -> Path:
+    """Path of the checkpoint shipped in the package for ``task`` ("classification" or "regression")."""
+    name = {"classification": DEFAULT_CHECKPOINT, "regression": DEFAULT_REG_CHECKPOINT}[task]
+    return Path(str(resources.files("icml26.methods.tabicl2").joinpath(name)))
 
 
-def load_model(path: str | Path | None = None, device: str | torch.device = "cpu") -> TabICL:
-    """The network from a checkpoint ``{"config", "state_dict", ...}`` (the shipped one when ``path`` is None)."""
-    path = Path(path) if path is not None else default_checkpoint()
+def load_model(path: str | Path | None = None, device: str | torch.device = "cpu",
+               task: str = "classification") -> TabICL:
+    """The network from a checkpoint ``{"config", "state_dict", ...}`` (the shipped one for ``task`` when ``path``
+    is None). Raises ValueError when the checkpoint's head does not fit ``task``."""
+    path = Path(path) if path is not None else default_checkpoint(task)
     if not path.exists():
-        raise FileNotFoundError(f"TabICL checkpoint {path} not found; rebuild the shipped one with: {REBUILD}")
+        rebuild = REBUILD_REG if task == "regression" else REBUILD
+        raise FileNotFoundError(f"TabICL checkpoint {path} not found; rebuild the shipped one with: {rebuild}")
     ck = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(ck, dict) or "config" not in ck or "state_dict" not in ck:
         raise ValueError(f"{path} is not a tabicl2 checkpoint (expected keys 'config' and 'state_dict')")
-    model = TabICL(TabICLConfig(**ck["config"]))
+    cfg = TabICLConfig(**ck["config"])
+    if cfg.regression != (task == "regression"):
+        kind = "a regression" if cfg.regression else "a classification"
+        raise ValueError(f"{path} holds {kind} network (max_classes={cfg.max_classes}); it cannot serve {task}")
+    model = TabICL(cfg)
     model.load_state_dict(ck["state_dict"])
     return model.to(device).eval()
 
@@ -187,36 +208,13 @@ def many_class_proba(model: TabICL, X: torch.Tensor, y_train: torch.Tensor, n_cl
     return node_proba(class_tree(np.arange(n_classes), M), torch.arange(n_train, device=X.device))
 
 
-class TabICLClassifier(ClassifierMixin, BaseEstimator):
-    """TabICLv2 in-context classifier for any number (>= 2) of classes; above the network's ``max_classes`` (10)
-    each member goes through :func:`many_class_proba` (mixed-radix column stage, class tree).
+class _TabICLBase(BaseEstimator):
+    """Preprocessing and ensemble members shared by :class:`TabICLClassifier` and :class:`TabICLRegressor`:
+    string columns -> ordinal codes, NaN -> training column mean, constant columns dropped, outlier clipping at
+    |z| > ``outlier_threshold``, standardisation (clip +-100); members over feature permutations and
+    normalisations ({none, Yeo-Johnson})."""
 
-    Args:
-        n_estimators: ensemble members (official default 8).
-        norm_methods: normalisations cycled over members; None -> ("none", "power") as in the official estimator.
-        feat_shuffle: permute features per member (the first member keeps the original order).
-        class_shift: circularly shift class ids per member.
-        outlier_threshold: |z| beyond which training-statistics z-scores are clipped (official 4.0).
-        softmax_temperature: temperature of the final softmax (official 0.9).
-        model_path: a tabicl2 checkpoint; None loads the one shipped in the package (offline).
-        device: torch device; None picks CUDA when available, else CPU.
-        test_batch_size: test rows per forward pass (test rows never interact, so batching does not change results).
-        random_state: seed of the member permutations.
-    """
-
-    def __init__(self, n_estimators: int = 8, norm_methods=None, feat_shuffle: bool = True, class_shift: bool = True,
-                 outlier_threshold: float = 4.0, softmax_temperature: float = 0.9, model_path=None, device=None,
-                 test_batch_size: int = 1024, random_state: int | None = 42):
-        self.n_estimators = n_estimators
-        self.norm_methods = norm_methods
-        self.feat_shuffle = feat_shuffle
-        self.class_shift = class_shift
-        self.outlier_threshold = outlier_threshold
-        self.softmax_temperature = softmax_temperature
-        self.model_path = model_path
-        self.device = device
-        self.test_batch_size = test_batch_size
-        self.random_state = random_state
+    _task = "classification"
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -241,7 +239,7 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
         if not reset:  # check the shape and names ourselves: the coded array below has no names
             width = np.shape(X)[1] if np.ndim(X) == 2 else None
             if width != self.n_features_in_:
-                raise ValueError(f"X has {width} features, but TabICLClassifier is expecting "
+                raise ValueError(f"X has {width} features, but {type(self).__name__} is expecting "
                                  f"{self.n_features_in_} features as input")
             known = getattr(self, "feature_names_in_", None)
             if names is not None and known is not None and list(names) != list(known):
@@ -256,10 +254,9 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
                 self.feature_names_in_ = names
         return self._finite(X)
 
-    @staticmethod
-    def _finite(X: np.ndarray) -> np.ndarray:
+    def _finite(self, X: np.ndarray) -> np.ndarray:
         if np.isinf(X).any():
-            raise ValueError("TabICLClassifier: X contains infinite values; only NaN (missing) is allowed")
+            raise ValueError(f"{type(self).__name__}: X contains infinite values; only NaN (missing) is allowed")
         return X
 
     def _standardise(self, X: np.ndarray) -> np.ndarray:
@@ -267,34 +264,23 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
         Z = np.clip((X - self.mean1_) / self.std1_, -self.outlier_threshold, self.outlier_threshold)
         return np.clip((Z - self.mean2_) / self.std2_, -100, 100)
 
-    def fit(self, X, y):
-        """Validate and store the training table (no network pass: the training rows are the context)."""
+    def _check_params(self) -> tuple:
+        """Validate the shared hyper-parameters before any state changes; returns the normalisation cycle."""
         if not (isinstance(self.n_estimators, int) and self.n_estimators >= 1):
             raise ValueError(f"n_estimators must be a positive int, got {self.n_estimators!r}")
         norms = tuple(self.norm_methods) if self.norm_methods is not None else NORM_METHODS
         if not norms or any(n not in NORM_METHODS for n in norms):
             raise ValueError(f"norm_methods must be a non-empty subset of {NORM_METHODS}, got {self.norm_methods!r}")
-        if not self.softmax_temperature > 0:
-            raise ValueError(f"softmax_temperature must be > 0, got {self.softmax_temperature}")
-        if y is None:
-            raise ValueError("TabICLClassifier requires y to be passed, but the target y is None")
-        X = self._to_float(X, reset=True)
-        y = np.asarray(y)
-        if y.ndim != 1 and not (y.ndim == 2 and y.shape[1] == 1):
-            raise ValueError(f"y must be 1-D, got shape {y.shape}")
-        y = column_or_1d(y, warn=True)
-        if len(y) != len(X):
-            raise ValueError(f"X and y have inconsistent numbers of samples: {len(X)} != {len(y)}")
-        check_classification_targets(y)
-        self._label_encoder = LabelEncoder().fit(y)
-        self.classes_ = self._label_encoder.classes_
-        self.n_classes_ = len(self.classes_)
-        if self.n_classes_ < 2:
-            raise ValueError(f"TabICLClassifier needs at least 2 classes in y, got 1 class ({self.classes_[0]!r})")
+        if not self.outlier_threshold > 0:
+            raise ValueError(f"outlier_threshold must be > 0, got {self.outlier_threshold}")
+        return norms
+
+    def _fit_tables(self, X: np.ndarray, norms: tuple, shifts) -> None:
+        """Preprocessing state and members from the (validated, float) training table X (n, n_features_in_).
+        ``shifts(i)`` gives member i's class shift (0 for regression)."""
         device = torch.device(self.device if self.device is not None else
                               ("cuda" if torch.cuda.is_available() else "cpu"))
-        model = load_model(self.model_path, device)
-        # preprocessing state from the training rows
+        model = load_model(self.model_path, device, task=self._task)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-missing columns get 0
             fill = np.nanmean(X, axis=0)
@@ -307,24 +293,31 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
         Z = np.clip((Xf - self.mean1_) / self.std1_, -self.outlier_threshold, self.outlier_threshold)
         self.mean2_, self.std2_ = Z.mean(0), Z.std(0) + 1e-8
         self.X_train_ = self._standardise(X)
-        self.y_train_ = self._label_encoder.transform(y)
         # ensemble members: (feature permutation, class shift, normalisation)
         rng = np.random.default_rng(self.random_state)
-        H, C = self.X_train_.shape[1], self.n_classes_
+        H = self.X_train_.shape[1]
         self.members_ = []
         for i in range(self.n_estimators):
             perm = rng.permutation(H) if (self.feat_shuffle and i > 0) else np.arange(H)
-            shift = (i % C) if self.class_shift else 0
             norm = norms[i % len(norms)]
             power = None
             if norm == "power":
                 power = PowerTransformer(method="yeo-johnson", standardize=True)
                 with np.errstate(all="ignore"):
                     power.fit(self.X_train_)
-            self.members_.append({"perm": perm, "shift": shift, "norm": norm, "power": power})
+            self.members_.append({"perm": perm, "shift": shifts(i), "norm": norm, "power": power})
         self.model_ = model
         self.device_ = device
-        return self
+
+    @staticmethod
+    def _check_y_shape(X: np.ndarray, y) -> np.ndarray:
+        y = np.asarray(y)
+        if y.ndim != 1 and not (y.ndim == 2 and y.shape[1] == 1):
+            raise ValueError(f"y must be 1-D, got shape {y.shape}")
+        y = column_or_1d(y, warn=True)
+        if len(y) != len(X):
+            raise ValueError(f"X and y have inconsistent numbers of samples: {len(X)} != {len(y)}")
+        return y
 
     # ------------------------------------------------------------------ inference
     def _member_table(self, member: dict, X: np.ndarray) -> np.ndarray:
@@ -333,6 +326,70 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
                 X = np.clip(np.nan_to_num(member["power"].transform(X)), -100, 100)
         return X[:, member["perm"]]
 
+    def _member_outputs(self, member: dict, X: np.ndarray, y: torch.Tensor, forward) -> np.ndarray:
+        """``forward(table, y)`` over the member's table in test batches of ``test_batch_size`` rows (test rows
+        never interact, so batching does not change results); outputs concatenated over the test rows."""
+        tr = torch.as_tensor(self._member_table(member, self.X_train_), dtype=torch.float32)
+        te = torch.as_tensor(self._member_table(member, X), dtype=torch.float32)
+        with torch.no_grad():
+            return np.concatenate([forward(torch.cat([tr, te[s:s + self.test_batch_size]]), y)
+                                   for s in range(0, len(te), self.test_batch_size)])
+
+
+class TabICLClassifier(ClassifierMixin, _TabICLBase):
+    """TabICLv2 in-context classifier for any number (>= 2) of classes; above the network's ``max_classes`` (10)
+    each member goes through :func:`many_class_proba` (mixed-radix column stage, class tree).
+
+    Args:
+        n_estimators: ensemble members (official default 8).
+        norm_methods: normalisations cycled over members; None -> ("none", "power") as in the official estimator.
+        feat_shuffle: permute features per member (the first member keeps the original order).
+        class_shift: circularly shift class ids per member.
+        outlier_threshold: |z| beyond which training-statistics z-scores are clipped (official 4.0).
+        softmax_temperature: temperature of the final softmax (official 0.9).
+        model_path: a tabicl2 classification checkpoint; None loads the one shipped in the package (offline).
+        device: torch device; None picks CUDA when available, else CPU.
+        test_batch_size: test rows per forward pass (test rows never interact, so batching does not change results).
+        random_state: seed of the member permutations.
+    """
+
+    def __init__(self, n_estimators: int = 8, norm_methods=None, feat_shuffle: bool = True, class_shift: bool = True,
+                 outlier_threshold: float = 4.0, softmax_temperature: float = 0.9, model_path=None, device=None,
+                 test_batch_size: int = 1024, random_state: int | None = 42):
+        self.n_estimators = n_estimators
+        self.norm_methods = norm_methods
+        self.feat_shuffle = feat_shuffle
+        self.class_shift = class_shift
+        self.outlier_threshold = outlier_threshold
+        self.softmax_temperature = softmax_temperature
+        self.model_path = model_path
+        self.device = device
+        self.test_batch_size = test_batch_size
+        self.random_state = random_state
+
+    def fit(self, X, y):
+        """Validate and store the training table (no network pass: the training rows are the context)."""
+        norms = self._check_params()
+        if not self.softmax_temperature > 0:
+            raise ValueError(f"softmax_temperature must be > 0, got {self.softmax_temperature}")
+        if y is None:
+            raise ValueError("TabICLClassifier requires y to be passed, but the target y is None")
+        X = self._to_float(X, reset=True)
+        y = self._check_y_shape(X, y)
+        check_classification_targets(y)
+        encoder = LabelEncoder().fit(y)
+        if len(encoder.classes_) < 2:
+            raise ValueError(f"TabICLClassifier needs at least 2 classes in y, got 1 class "
+                             f"({encoder.classes_[0]!r})")
+        self._label_encoder = encoder
+        self.classes_ = encoder.classes_
+        self.n_classes_ = len(self.classes_)
+        C = self.n_classes_
+        self._fit_tables(X, norms, lambda i: (i % C) if self.class_shift else 0)
+        self.y_train_ = encoder.transform(y)
+        return self
+
+    # ------------------------------------------------------------------ inference
     def _member_logits(self, table: torch.Tensor, y: torch.Tensor) -> np.ndarray:
         """Logits (n_test, C) of one member's table (T, H) with training labels y (n_train,), in member class ids.
         Above max_classes: temperature * log of the many-class probabilities (softmax(. / T) gives them back)."""
@@ -353,12 +410,8 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
         C = self.n_classes_
         total = np.zeros((len(X), C))
         for member in self.members_:
-            tr = torch.as_tensor(self._member_table(member, self.X_train_), dtype=torch.float32)
-            te = torch.as_tensor(self._member_table(member, X), dtype=torch.float32)
             y = torch.as_tensor((self.y_train_ + member["shift"]) % C, dtype=torch.long)
-            with torch.no_grad():
-                logits = np.concatenate([self._member_logits(torch.cat([tr, te[s:s + self.test_batch_size]]), y)
-                                         for s in range(0, len(te), self.test_batch_size)])
+            logits = self._member_outputs(member, X, y, self._member_logits)
             # member class c' = (c + shift) % C, so the logit of original class c sits at column (c + shift) % C
             total += logits[:, (np.arange(C) + member["shift"]) % C]
         return total / len(self.members_)
@@ -372,3 +425,92 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
     def predict(self, X) -> np.ndarray:
         check_is_fitted(self, "model_")
         return self.classes_[self.predict_proba(X).argmax(1)]
+
+
+class TabICLRegressor(RegressorMixin, _TabICLBase):
+    """TabICLv2 in-context regressor: a quantile head (``num_quantiles`` levels alpha_q = q / (Q + 1)) on the same
+    three-stage network, pretrained with the pinball loss (``pretrain --task regression``).
+
+    ``fit`` standardises y with the training mean and standard deviation (official ``y_scaler_``); each member's
+    predicted quantiles are sorted, mapped back to y's units and averaged over members. ``predict`` is the mean of
+    the quantiles (official ``output_type="mean"``); ``predict_quantiles(X, alphas)`` interpolates the averaged
+    quantile function linearly at ``alphas`` (the official estimator adds parametric tails outside
+    [alpha_1, alpha_Q]; here levels outside are clamped to the end quantiles).
+
+    Args:
+        n_estimators: ensemble members (official default 8).
+        norm_methods: normalisations cycled over members; None -> ("none", "power") as in the official estimator.
+        feat_shuffle: permute features per member (the first member keeps the original order).
+        outlier_threshold: |z| beyond which training-statistics z-scores of X are clipped (official 4.0).
+        model_path: a tabicl2 regression checkpoint; None loads the one shipped in the package (offline).
+        device: torch device; None picks CUDA when available, else CPU.
+        test_batch_size: test rows per forward pass.
+        random_state: seed of the member permutations.
+    """
+
+    _task = "regression"
+
+    def __init__(self, n_estimators: int = 8, norm_methods=None, feat_shuffle: bool = True,
+                 outlier_threshold: float = 4.0, model_path=None, device=None, test_batch_size: int = 1024,
+                 random_state: int | None = 42):
+        self.n_estimators = n_estimators
+        self.norm_methods = norm_methods
+        self.feat_shuffle = feat_shuffle
+        self.outlier_threshold = outlier_threshold
+        self.model_path = model_path
+        self.device = device
+        self.test_batch_size = test_batch_size
+        self.random_state = random_state
+
+    def fit(self, X, y):
+        """Validate and store the training table and the standardised targets (no network pass)."""
+        norms = self._check_params()
+        if y is None:
+            raise ValueError("TabICLRegressor requires y to be passed, but the target y is None")
+        X = self._to_float(X, reset=True)
+        y = self._check_y_shape(X, y)
+        try:
+            y = y.astype(np.float64)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"TabICLRegressor needs a numeric y: {err}") from None
+        if not np.isfinite(y).all():
+            raise ValueError("TabICLRegressor: y contains NaN or infinite values")
+        if len(y) < 2:
+            raise ValueError(f"TabICLRegressor needs at least 2 training rows, got {len(y)}")
+        self._fit_tables(X, norms, lambda i: 0)
+        sd = y.std()
+        self.y_mean_, self.y_scale_ = float(y.mean()), float(sd) if sd > 0 else 1.0
+        self.y_train_ = (y - self.y_mean_) / self.y_scale_
+        return self
+
+    def _member_quantiles(self, table: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+        table, y = table.to(self.device_), y.to(self.device_)
+        return self.model_.predict_quantiles(table[None], y[None])[0].cpu().double().numpy()
+
+    def predict_raw_quantiles(self, X) -> np.ndarray:
+        """Member-averaged sorted quantiles (n_samples, num_quantiles) in y's units, at the levels
+        :attr:`quantile_levels_`."""
+        check_is_fitted(self, "model_")
+        X = self._standardise(self._to_float(X, reset=False))
+        y = torch.as_tensor(self.y_train_, dtype=torch.float32)
+        total = sum(self._member_outputs(member, X, y, self._member_quantiles) for member in self.members_)
+        return total / len(self.members_) * self.y_scale_ + self.y_mean_
+
+    @property
+    def quantile_levels_(self) -> np.ndarray:
+        """alpha_q = linspace(0, 1, Q + 2)[1:-1], the levels of :meth:`predict_raw_quantiles`' columns."""
+        check_is_fitted(self, "model_")
+        return quantile_levels(self.model_.cfg.num_quantiles, dtype=torch.float64).numpy()
+
+    def predict_quantiles(self, X, alphas=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)) -> np.ndarray:
+        """Quantiles (n_samples, len(alphas)) by linear interpolation of the averaged quantile function."""
+        a = np.asarray(alphas, dtype=np.float64).ravel()
+        if a.size == 0 or not ((a > 0) & (a < 1)).all():
+            raise ValueError(f"alphas must be probability levels in (0, 1), got {alphas!r}")
+        q = self.predict_raw_quantiles(X)
+        levels = self.quantile_levels_
+        return np.stack([np.interp(a, levels, row) for row in q])
+
+    def predict(self, X) -> np.ndarray:
+        """Predicted mean (n_samples,): the mean of the quantiles (official ``output_type="mean"``)."""
+        return self.predict_raw_quantiles(X).mean(1)
