@@ -30,10 +30,36 @@ PROMPT, ANNOTATION, RESPONSE, PAD = 0, 1, 2, -1
 
 
 def _ids(x: Sequence[int] | torch.Tensor, name: str) -> torch.Tensor:
-    t = torch.as_tensor(x, dtype=torch.long).reshape(-1) if not isinstance(x, torch.Tensor) else x.long().reshape(-1)
+    # Token ids must be integers: .long() would silently truncate 1.5 to 1 (and True to 1).
+    if isinstance(x, torch.Tensor):
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integer token ids, got a {x.dtype} tensor")
+        t = x.long().reshape(-1)
+    else:
+        if isinstance(x, (str, bytes)):
+            raise TypeError(f"{name} must be a sequence of token ids, got a {type(x).__name__}: tokenize it first")
+        try:
+            values = list(x)
+        except TypeError:
+            raise TypeError(f"{name} must be a sequence of token ids, got {type(x).__name__}") from None
+        bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool)]
+        if bad:
+            raise TypeError(f"{name} must hold int token ids, got {bad[0]!r} ({type(bad[0]).__name__})")
+        t = torch.tensor(values, dtype=torch.long)
     if t.numel() and int(t.min()) < 0:
         raise ValueError(f"{name} holds a negative token id")
     return t
+
+
+def _vocab_size(model: nn.Module) -> int | None:
+    """The input vocabulary of ``model`` when it can be read without a forward pass (HF or first nn.Embedding)."""
+    getter = getattr(model, "get_input_embeddings", None)
+    emb = getter() if callable(getter) else next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return emb.num_embeddings if isinstance(emb, nn.Embedding) else None
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 @dataclass(frozen=True)
@@ -68,8 +94,15 @@ def trained_roles(config: AnnotationAnchoringConfig) -> tuple[int, ...]:
 
 def collate(examples: Sequence[AnnotatedExample], config: AnnotationAnchoringConfig) -> Batch:
     """Build a right-padded :class:`Batch`; the annotation segment is left out when ``use_annotations=False``."""
+    if isinstance(examples, AnnotatedExample):
+        raise TypeError("examples must be a list of AnnotatedExample, got a single AnnotatedExample: wrap it in [...]")
+    if not isinstance(config, AnnotationAnchoringConfig):
+        raise TypeError(f"config must be an AnnotationAnchoringConfig, got {type(config).__name__}")
     if not examples:
         raise ValueError("examples must be non-empty")
+    wrong = [i for i, ex in enumerate(examples) if not isinstance(ex, AnnotatedExample)]
+    if wrong:
+        raise TypeError(f"examples[{wrong[0]}] is a {type(examples[wrong[0]]).__name__}, not an AnnotatedExample")
     seqs, roles = [], []
     for ex in examples:
         parts = [(_ids(ex.prompt, "prompt"), PROMPT)]
@@ -94,6 +127,12 @@ def collate(examples: Sequence[AnnotatedExample], config: AnnotationAnchoringCon
 
 def masked_lm_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     """Token-mean cross-entropy over the positions with ``loss_mask`` 1: logits (B, T, V), targets/mask (B, T)."""
+    if logits.ndim != 3 or targets.shape != logits.shape[:2] or loss_mask.shape != targets.shape:
+        raise ValueError(f"need logits (B, T, V) and targets, loss_mask (B, T); got {tuple(logits.shape)}, "
+                         f"{tuple(targets.shape)}, {tuple(loss_mask.shape)}")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= logits.shape[-1]):
+        raise ValueError(f"target token ids must lie in [0, {logits.shape[-1]}) (the logits' vocabulary), got "
+                         f"[{int(targets.min())}, {int(targets.max())}]")
     ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(loss_mask)
     return (ce * loss_mask).sum() / loss_mask.sum().clamp_min(1.0)
 
@@ -128,19 +167,56 @@ class AnchoredSFTTrainer:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  config: AnnotationAnchoringConfig | None = None, *,
                  generator: torch.Generator | None = None) -> None:
-        self.model, self.optimizer = model, optimizer
-        self.config = config if config is not None else AnnotationAnchoringConfig()
-        self.generator = generator
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module (a causal LM), got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        config = config if config is not None else AnnotationAnchoringConfig()
+        if not isinstance(config, AnnotationAnchoringConfig):
+            raise TypeError(f"config must be an AnnotationAnchoringConfig, got {type(config).__name__}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        self.model, self.optimizer, self.config, self.generator = model, optimizer, config, generator
+
+    def _check_ids(self, ids: torch.Tensor, what: str) -> None:
+        vocab = _vocab_size(self.model)
+        if vocab is not None and ids.numel() and int(ids.max()) >= vocab:
+            raise ValueError(f"{what} hold token id {int(ids.max())}, outside the model's vocabulary of {vocab}")
 
     def loss(self, batch: Batch) -> torch.Tensor:
-        return masked_lm_loss(causal_logits(self.model, batch.inputs), batch.targets, batch.loss_mask)
+        """The masked loss of a :func:`collate` batch; the batch moves to the model's device."""
+        device = _device(self.model)
+        return masked_lm_loss(causal_logits(self.model, batch.inputs.to(device)), batch.targets.to(device),
+                              batch.loss_mask.to(device))
 
     def step(self, examples: Sequence[AnnotatedExample]) -> dict[str, float]:
+        """One optimizer step on the masked loss of ``examples``.
+
+        Raises (before the optimizer steps, so the weights and its state are unchanged) when nothing in the batch is
+        trained, a token id lies outside the vocabulary, or the loss or a gradient is NaN/inf."""
         batch = collate(examples, self.config)
+        if not bool(batch.loss_mask.any()):
+            raise ValueError("no trained token in this batch (every response is empty and nothing else is "
+                             "trained): the step would only apply weight decay")
+        self._check_ids(batch.inputs, "the examples")
+        self._check_ids(batch.targets, "the examples")
+        was_training = self.model.training
         self.model.train()
-        loss = self.loss(batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        try:
+            loss = self.loss(batch)
+            if not bool(torch.isfinite(loss.detach())):
+                raise ValueError(f"the loss is not finite ({float(loss.detach())}): the model's logits hold "
+                                 "NaN/inf; no step taken")
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            bad = [n for n, p in self.model.named_parameters()
+                   if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+            if bad:
+                self.optimizer.zero_grad(set_to_none=True)  # no NaN gradient left behind for a later step
+                raise ValueError(f"non-finite gradient in {bad[:5]}: no step taken")
+        except Exception:
+            self.model.train(was_training)  # a refused step leaves the model as it found it
+            raise
         self.optimizer.step()
         return {"loss": loss.item(), "trained_tokens": float(batch.loss_mask.sum())}
 
@@ -151,14 +227,14 @@ class AnchoredSFTTrainer:
         cfg = self.config
         if cfg.annotation_position == "before_prompt":
             prompts = prompts[:, :0]
-        start = torch.tensor(cfg.annotation_start_ids, dtype=torch.long).expand(len(prompts), -1)
+        start = torch.tensor(cfg.annotation_start_ids, dtype=torch.long, device=prompts.device).expand(len(prompts), -1)
         ids = torch.cat((prompts, start), 1)
         if ids.shape[1] == 0:
             raise ValueError("annotation_start_ids must be non-empty when nothing precedes the annotation")
         if cfg.annotation_end_id is None:
             ids = _extend(self.model, ids, cfg.max_annotation_tokens, cfg.annotation_temperature, self.generator)
             return list(ids[:, prompts.shape[1]:])
-        done = torch.zeros(len(prompts), dtype=torch.bool)
+        done = torch.zeros(len(prompts), dtype=torch.bool, device=prompts.device)
         for _ in range(cfg.max_annotation_tokens):  # token by token: rows stop at their own end token
             ids = _extend(self.model, ids, 1, cfg.annotation_temperature, self.generator)
             done |= ids[:, -1] == cfg.annotation_end_id
@@ -180,12 +256,37 @@ class AnchoredSFTTrainer:
         ``use_annotations=False``. Responses are cut after ``eos_token_id`` when it is set.
         """
         cfg = self.config
+        if not isinstance(prompts, torch.Tensor):
+            raise TypeError(f"prompts must be a (B, Tp) long tensor, got {type(prompts).__name__}")
         if prompts.ndim != 2 or prompts.dtype != torch.long:
             raise ValueError(f"prompts must be a (B, Tp) long tensor, got {tuple(prompts.shape)} {prompts.dtype}")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"n (samples per prompt) must be an int, got {type(n).__name__}")
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n!r}")
+        if len(prompts) == 0:
+            raise ValueError("prompts is an empty batch (B = 0)")
+        device = _device(self.model)
+        if prompts.device != device:
+            raise ValueError(f"prompts are on {prompts.device} but the model is on {device}: move them with "
+                             f".to({str(device)!r})")
+        if prompts.numel() and int(prompts.min()) < 0:
+            raise ValueError("prompts hold a negative token id")
+        self._check_ids(prompts, "prompts")
+        first = 0 if cfg.annotation_position == "before_prompt" else prompts.shape[1]
+        if cfg.use_annotations and first + len(cfg.annotation_start_ids) == 0:
+            raise ValueError("annotation_start_ids must be non-empty when nothing precedes the annotation")
+        if not cfg.use_annotations and prompts.shape[1] == 0:
+            raise ValueError("prompts are empty (Tp = 0) and there is no annotation: nothing to condition on")
         was_training = self.model.training
         self.model.eval()
+        try:
+            return self._sample(prompts, n)
+        finally:
+            self.model.train(was_training)
+
+    def _sample(self, prompts: torch.Tensor, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        cfg = self.config
         rep = prompts.repeat_interleave(n, 0)
         if cfg.use_annotations:
             annotations = self.sample_annotations(rep)
@@ -208,5 +309,4 @@ class AnchoredSFTTrainer:
                 hit = (y == cfg.eos_token_id).nonzero()
                 cut.append(y[:int(hit[0]) + 1] if len(hit) else y)
             responses = cut
-        self.model.train(was_training)
         return annotations, responses  # type: ignore[return-value]
