@@ -476,7 +476,7 @@ class TabICLRegressor(RegressorMixin, _TabICLBase):
         if not np.isfinite(y).all():
             raise ValueError("TabICLRegressor: y contains NaN or infinite values")
         if len(y) < 2:
-            raise ValueError(f"TabICLRegressor needs at least 2 training rows, got {len(y)}")
+            raise ValueError(f"TabICLRegressor needs at least 2 training rows, got n_samples = {len(y)}")
         self._fit_tables(X, norms, lambda i: 0)
         sd = y.std()
         self.y_mean_, self.y_scale_ = float(y.mean()), float(sd) if sd > 0 else 1.0
