@@ -11,7 +11,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from .config import StarEmbedConfig
-from .data import LightCurve, LightCurveDataset
+from .data import LightCurve, LightCurveDataset, _check_seed
 
 
 @runtime_checkable
@@ -25,9 +25,16 @@ class Embedder(Protocol):
 
 
 def _check(X: np.ndarray, n: int, what: str) -> np.ndarray:
-    X = np.asarray(X, dtype=float)
+    raw = np.asarray(X)
+    if raw.dtype == object or not (np.issubdtype(raw.dtype, np.number) or raw.dtype == bool):
+        raise TypeError(f"{what} must be a numeric array, got {type(X).__name__} of dtype {raw.dtype}")
+    if np.iscomplexobj(raw):
+        raise TypeError(f"{what} must be real, got complex values (dtype {raw.dtype})")
+    X = raw.astype(float)
     if X.ndim != 2 or X.shape[0] != n:
         raise ValueError(f"{what} must be a 2-D array with one row per light curve ({n}), got shape {X.shape}")
+    if X.shape[1] == 0:
+        raise ValueError(f"{what} have 0 features: shape {X.shape}")
     if not np.all(np.isfinite(X)):
         raise ValueError(f"{what} contains NaN or inf values")
     return X
@@ -101,6 +108,14 @@ def evaluate(embedder: Embedder, data: LightCurveDataset, cfg: StarEmbedConfig, 
     """Fit ``embedder`` on the training curves, embed every split, and run all three tasks; returns flat metrics."""
     if not isinstance(embedder, Embedder):
         raise TypeError(f"embedder must have fit(curves, labels) and transform(curves); got {type(embedder).__name__}")
+    if not isinstance(data, LightCurveDataset):
+        raise TypeError(f"data must be a LightCurveDataset (from build_dataset), got {type(data).__name__}")
+    if not isinstance(cfg, StarEmbedConfig):
+        raise TypeError(f"cfg must be a StarEmbedConfig, got {type(cfg).__name__}")
+    _check_seed(seed)
+    empty = [name for name in ("train", "test", "ood") if not np.any(data.split == name)]
+    if empty:
+        raise ValueError(f"data has no light curve in split(s) {empty}")
     tr, ytr = data.subset("train")
     te, yte = data.subset("test")
     ood, _ = data.subset("ood")

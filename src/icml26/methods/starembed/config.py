@@ -11,6 +11,10 @@ ID_CLASSES = ("RRab", "RRc", "RRd", "Cep_F", "Cep_1O", "Mira", "SRV")
 OOD_CLASSES = ("DSCT", "T2Cep", "aCep")
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass
 class StarEmbedConfig:
     """How the semi-synthetic benchmark is built and how embeddings are probed."""
@@ -43,6 +47,16 @@ class StarEmbedConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.n_ood < len(OOD_CLASSES):
+            raise ValueError(f"n_ood must be at least {len(OOD_CLASSES)} (one per OOD class {OOD_CLASSES}), got "
+                             f"{self.n_ood}: fewer leaves the OOD split empty")
+        if not isinstance(self.split_seed, int) or isinstance(self.split_seed, bool) or self.split_seed < 0:
+            raise ValueError(f"split_seed must be an integer >= 0, got {self.split_seed!r}")
+        for name in ("span_days", "noise_floor", "outlier_rate"):
+            if not _is_number(getattr(self, name)):
+                raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
+        if not (isinstance(self.split, (tuple, list)) and all(_is_number(f) for f in self.split)):
+            raise ValueError(f"split must be three positive fractions summing to 1, got {self.split!r}")
         if self.n_stars < 10 * len(ID_CLASSES):
             raise ValueError(f"n_stars must be at least {10 * len(ID_CLASSES)} (10 per class), got {self.n_stars}")
         if self.min_points < 10 or self.min_points > self.max_points:

@@ -86,7 +86,24 @@ class LightCurveDataset:
     split: np.ndarray
     periods: np.ndarray
 
+    SPLITS = ("train", "val", "test", "ood")
+
+    def __post_init__(self) -> None:
+        n = len(self.curves)
+        sizes = {"labels": len(self.labels), "split": len(self.split), "periods": len(self.periods)}
+        if any(v != n for v in sizes.values()):
+            raise ValueError(f"curves, labels, split and periods must have one entry per curve ({n}), got {sizes}")
+        bad = next((i for i, lc in enumerate(self.curves) if not isinstance(lc, LightCurve)), None)
+        if bad is not None:
+            raise TypeError(f"curves[{bad}] must be a LightCurve, got {type(self.curves[bad]).__name__}")
+        unknown = sorted(set(np.asarray(self.split).tolist()) - set(self.SPLITS))
+        if unknown:
+            raise ValueError(f"split names must be among {self.SPLITS}, got {unknown}")
+
     def subset(self, name: str) -> tuple[list, np.ndarray]:
+        """(curves, labels) of split ``name``: "train", "val", "test" or "ood"."""
+        if name not in self.SPLITS:
+            raise ValueError(f"unknown split {name!r}; the splits are {self.SPLITS}")
         idx = np.flatnonzero(self.split == name)
         return [self.curves[i] for i in idx], self.labels[idx]
 
@@ -174,6 +191,11 @@ def simulate(rng: np.random.Generator, cls: str, row: np.ndarray, cfg: StarEmbed
     return LightCurve(t=t, mag=mag, err=err)
 
 
+def _check_seed(seed) -> None:
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2 ** 32:
+        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+
+
 def build_dataset(cfg: StarEmbedConfig, seed: int) -> LightCurveDataset:
     """Draw ``cfg.n_stars`` in-distribution and ``cfg.n_ood`` OOD stars and simulate them; deterministic in seed.
 
@@ -181,6 +203,9 @@ def build_dataset(cfg: StarEmbedConfig, seed: int) -> LightCurveDataset:
     """
     from sklearn.model_selection import train_test_split
 
+    if not isinstance(cfg, StarEmbedConfig):
+        raise TypeError(f"cfg must be a StarEmbedConfig, got {type(cfg).__name__}")
+    _check_seed(seed)
     rows = load_ogle3()
     rng = np.random.default_rng(seed)
     counts = {c: max(10, int(round(CLASS_WEIGHTS[c] * cfg.n_stars))) for c in ID_CLASSES}
