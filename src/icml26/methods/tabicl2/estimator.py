@@ -402,19 +402,25 @@ class TabICLClassifier(ClassifierMixin, _TabICLBase):
             out = self.softmax_temperature * torch.log(proba.clamp_min(1e-30))
         return out.cpu().double().numpy()
 
-    def predict_logits(self, X) -> np.ndarray:
-        """Ensemble-averaged logits (n_samples, n_classes) before the temperature softmax (for more than
-        ``max_classes`` classes each member contributes ``softmax_temperature * log p``)."""
+    def member_logits(self, X) -> np.ndarray:
+        """Each member's logits (n_estimators, n_samples, n_classes) in the order of ``classes_`` (un-shifted).
+        Their mean over the first k members is the logit average of a k-member ensemble with the same
+        ``random_state`` (members are drawn in order), which the ensemble-size ablation uses."""
         check_is_fitted(self, "model_")
         X = self._standardise(self._to_float(X, reset=False))
         C = self.n_classes_
-        total = np.zeros((len(X), C))
-        for member in self.members_:
+        out = np.zeros((len(self.members_), len(X), C))
+        for i, member in enumerate(self.members_):
             y = torch.as_tensor((self.y_train_ + member["shift"]) % C, dtype=torch.long)
             logits = self._member_outputs(member, X, y, self._member_logits)
             # member class c' = (c + shift) % C, so the logit of original class c sits at column (c + shift) % C
-            total += logits[:, (np.arange(C) + member["shift"]) % C]
-        return total / len(self.members_)
+            out[i] = logits[:, (np.arange(C) + member["shift"]) % C]
+        return out
+
+    def predict_logits(self, X) -> np.ndarray:
+        """Ensemble-averaged logits (n_samples, n_classes) before the temperature softmax (for more than
+        ``max_classes`` classes each member contributes ``softmax_temperature * log p``)."""
+        return self.member_logits(X).mean(0)
 
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities (n_samples, n_classes) in the order of ``classes_``."""
