@@ -1,10 +1,13 @@
 """CSPLoRA bad input: a NaN/inf in the probe's statistics raises a ValueError naming the module(s) (it used to give
 a uniform or quietly wrong plan); zero budgets, negative ranks, empty module lists, per-batch (not per-sample)
-losses and empty probe batches get clear errors, raised before the model or the plan changes."""
+losses and empty probe batches get clear errors, raised before the model or the plan changes; so do wrong types,
+probe-helper shapes and label ranges, and malformed plan files. The card's Usage snippet runs verbatim."""
 
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ from torch import nn
 
 from icml26.methods.csplora import (CSPLoRAConfig, CSPLoRAPlanner, ProbeOutput, ProbeScores, RankPlan,
                                     allocate_ranks, check_ranks, classification_probe, exact_target_regex,
-                                    per_sample_scores)
+                                    per_sample_scores, sequence_probe)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -176,3 +179,75 @@ def test_batch_mean_loss_and_empty_batch_raise():
     with pytest.raises(TypeError, match="ProbeOutput"):
         CSPLoRAPlanner().plan(model, batches, lambda m, b: m(b[0]), ["inp", "out"])
     _assert_unchanged(model, snap)
+
+
+# --------------------------------------------------------------------------- types, probe helpers, plan files
+def test_wrong_types_raise_before_probing():
+    model, batches = _case()
+    snap = _snapshot(model)
+    with pytest.raises(TypeError, match="config must be a CSPLoRAConfig, got dict"):
+        CSPLoRAPlanner({"kappa": 1.0})
+    with pytest.raises(TypeError, match="model must be an nn.Module, got str"):
+        CSPLoRAPlanner().plan("model", batches, probe, ["inp"])
+    with pytest.raises(TypeError, match="probe_fn must be a function"):
+        CSPLoRAPlanner().plan(model, batches, 3, ["inp"])
+    with pytest.raises(ValueError, match=r"target_modules \['nope'\] matched no nn.Linear"):
+        CSPLoRAPlanner().plan(model, batches, probe, ["nope"])
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        check_ranks("model", {"inp": 1})
+    for field in ("gamma", "kappa", "alpha_ratio"):
+        with pytest.raises(ValueError, match=field):
+            CSPLoRAConfig(**{field: True})
+    _assert_unchanged(model, snap)
+    assert model.training
+
+
+def test_probe_helpers_check_shapes_dtypes_and_label_range():
+    logits = torch.randn(4, 3)
+    with pytest.raises(ValueError, match=r"logits \(B, K\) and labels \(B,\), got \(4, 3\) and \(5,\)"):
+        classification_probe(logits, torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+        classification_probe(logits, torch.tensor([0, 1, 2, 7]))  # it used to fail inside gather
+    with pytest.raises(TypeError, match="integer class ids"):
+        classification_probe(logits, torch.tensor([0.0, 1.0, 2.0, 1.0]))
+    seq = torch.randn(2, 3, 5)
+    with pytest.raises(ValueError, match=r"logits \(B, T, V\) and labels \(B, T\)"):
+        sequence_probe(seq, torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 5\)"):
+        sequence_probe(seq, torch.tensor([[-100, 1, 9], [2, -100, -100]]))
+    out = sequence_probe(seq, torch.tensor([[-100, 1, 4], [2, -100, -100]]))  # ignore_index is not a label
+    assert out.loss.shape == (2,)
+
+
+def test_budgets_for_alphas_and_plan_files_are_checked(tmp_path):
+    plan = RankPlan.uniform({"a": (8, 8), "b": (8, 16)})
+    ranks = plan.ranks_for_budget(mean_rank=2)
+    for mean_rank in (-1, 0, math.nan, True):
+        with pytest.raises(ValueError, match="mean_rank must be a positive finite number"):
+            plan.alphas_for(ranks, mean_rank)
+    with pytest.raises(ValueError, match="mean_rank"):
+        plan.ranks_for_budget(mean_rank=True)
+    data = plan.to_dict()
+    with pytest.raises(ValueError, match=r"lacks \['r_min'\]"):
+        RankPlan.from_dict({k: v for k, v in data.items() if k != "r_min"})
+    with pytest.raises(ValueError, match="'modules' must be a list"):
+        RankPlan.from_dict({**data, "modules": [{"name": "a"}]})
+    with pytest.raises(ValueError, match="expected a JSON object, got list"):
+        RankPlan.from_dict([data])
+    path = tmp_path / "plan.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError):  # json.JSONDecodeError is a ValueError
+        RankPlan.load(path)
+
+
+def test_readme_usage_snippet_runs(tmp_path, monkeypatch):
+    """Executes the card's Usage block verbatim (it writes plan.json into the working folder)."""
+    pytest.importorskip("peft")
+    readme = Path(__file__).resolve().parents[2] / "src/icml26/methods/csplora/README.md"
+    block = re.search(r"## Usage\n.*?```python\n(.*?)```", readme.read_text(), re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block, str(readme), "exec"), scope)
+    assert RankPlan.load(tmp_path / "plan.json").proportions == scope["plan"].proportions
+    assert sum(scope["ranks"].values()) > 0 and set(scope["ranks"]) == {"q_proj", "v_proj"}
+    assert {n: m.r for n, m in scope["model2"].named_modules() if hasattr(m, "lora_A")} == scope["ranks"]

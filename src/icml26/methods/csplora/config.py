@@ -46,6 +46,9 @@ class CSPLoRAConfig:
         "help": "alpha / r of the deployed adapters (alpha = 2r is the common LoRA setting)"})
 
     def __post_init__(self) -> None:
+        for name in ("gamma", "kappa", "alpha_ratio"):
+            if isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a number, got the bool {getattr(self, name)!r}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
         if not (isinstance(self.gamma, (int, float)) and math.isfinite(self.gamma) and self.gamma >= 0):

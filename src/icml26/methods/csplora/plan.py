@@ -258,7 +258,8 @@ class RankPlan:
         if (mean_rank is None) == (total_params is None):
             raise ValueError("give exactly one of mean_rank and total_params")
         if mean_rank is not None:
-            if not (isinstance(mean_rank, (int, float)) and math.isfinite(mean_rank) and mean_rank > 0):
+            if not (isinstance(mean_rank, (int, float)) and not isinstance(mean_rank, bool)
+                    and math.isfinite(mean_rank) and mean_rank > 0):
                 raise ValueError(f"mean_rank must be a positive finite number, got {mean_rank!r}")
             return self.uniform_params(mean_rank), float(mean_rank)
         if not isinstance(total_params, int) or isinstance(total_params, bool) or total_params <= 0:
@@ -294,6 +295,9 @@ class RankPlan:
     def alphas_for(self, ranks: Mapping[str, int], mean_rank: float) -> dict[str, float]:
         """alpha_m per adapted module: alpha_ratio * r_m ('proportional') or alpha_ratio * mean_rank ('constant')."""
         _check_rank_map(ranks, self.modules)
+        if not (isinstance(mean_rank, (int, float)) and not isinstance(mean_rank, bool)
+                and math.isfinite(mean_rank) and mean_rank > 0):
+            raise ValueError(f"mean_rank must be a positive finite number, got {mean_rank!r}")
         if self.alpha_mode == "proportional":
             return {n: float(self.alpha_ratio * r) for n, r in ranks.items() if r > 0}
         return {n: float(self.alpha_ratio * mean_rank) for n, r in ranks.items() if r > 0}
@@ -354,11 +358,20 @@ class RankPlan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RankPlan":
+        if not isinstance(data, Mapping):
+            raise ValueError(f"not a CSPLoRA plan: expected a JSON object, got {type(data).__name__}")
         if data.get("format") != PLAN_FORMAT:
             raise ValueError(f"not a CSPLoRA plan: format is {data.get('format')!r}, expected {PLAN_FORMAT!r}")
         if data.get("version") != PLAN_VERSION:
             raise ValueError(f"plan version {data.get('version')!r} is not supported (this code reads {PLAN_VERSION})")
+        missing = [k for k in ("modules", "r_min", "r_max", "alpha_mode", "alpha_ratio") if k not in data]
+        if missing:
+            raise ValueError(f"CSPLoRA plan lacks {missing}")
         modules = data["modules"]
+        keys = ("name", "proportion", "in_features", "out_features")
+        if not isinstance(modules, list) or not all(isinstance(m, Mapping) and all(k in m for k in keys)
+                                                    for m in modules):
+            raise ValueError(f"CSPLoRA plan 'modules' must be a list of {{{', '.join(keys)}}} entries")
         return cls(proportions={m["name"]: m["proportion"] for m in modules},
                    shapes={m["name"]: (m["in_features"], m["out_features"]) for m in modules},
                    r_min=data["r_min"], r_max=data["r_max"], alpha_mode=data["alpha_mode"],
@@ -401,6 +414,9 @@ def check_ranks(model: nn.Module, ranks: Mapping[str, int], alphas: Mapping[str,
 
     Works after ``peft.get_peft_model`` (LoRA and DoRA layers) and after ``inject_adapters``.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module (after get_peft_model or inject_adapters), got "
+                        f"{type(model).__name__}")
     _check_rank_map(ranks)
     found = adapted_ranks(model, adapter_name)
     wanted = {n: int(r) for n, r in ranks.items() if r > 0}

@@ -51,8 +51,20 @@ ProbeFn = Callable[[nn.Module, Any], ProbeOutput]
 """``probe_fn(model, batch) -> ProbeOutput``; batches hold tensors whose first dimension is the sample."""
 
 
+def _check_labels(labels: torch.Tensor, classes: int, who: str) -> None:
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise TypeError(f"{who}: labels must be integer class ids, got dtype {labels.dtype}")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= classes):
+        raise ValueError(f"{who}: labels must lie in [0, {classes}) (the logits' last dimension), got "
+                         f"[{int(labels.min())}, {int(labels.max())}]")
+
+
 def classification_probe(logits: torch.Tensor, labels: torch.Tensor) -> ProbeOutput:
     """Cross-entropy, p(label) and normalised entropy from class logits (B, K) and labels (B,)."""
+    if logits.ndim != 2 or labels.shape != logits.shape[:1]:
+        raise ValueError(f"classification_probe needs logits (B, K) and labels (B,), got {tuple(logits.shape)} and "
+                         f"{tuple(labels.shape)}")
+    _check_labels(labels, logits.shape[-1], "classification_probe")
     logp = torch.log_softmax(logits.float(), dim=-1)
     loss = -logp.gather(-1, labels[:, None]).squeeze(-1)
     with torch.no_grad():
@@ -67,7 +79,11 @@ def sequence_probe(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int
     ``logits`` (B, T, V) and ``labels`` (B, T) must already be aligned (labels[t] is predicted from position t);
     positions equal to ``ignore_index`` (prompt, padding) do not count. Every sample needs a target token.
     """
+    if logits.ndim != 3 or labels.shape != logits.shape[:2]:
+        raise ValueError(f"sequence_probe needs logits (B, T, V) and labels (B, T), got {tuple(logits.shape)} and "
+                         f"{tuple(labels.shape)}")
     mask = labels != ignore_index
+    _check_labels(labels[mask], logits.shape[-1], "sequence_probe")
     if not bool(mask.any(-1).all()):
         raise ValueError("sequence_probe: every sample needs at least one target token (labels != ignore_index)")
     logp = torch.log_softmax(logits.float(), dim=-1)
@@ -284,11 +300,17 @@ class CSPLoRAPlanner:
     """
 
     def __init__(self, config: CSPLoRAConfig | None = None, **overrides: Any):
+        if config is not None and not isinstance(config, CSPLoRAConfig):
+            raise TypeError(f"config must be a CSPLoRAConfig, got {type(config).__name__}")
         self.config = replace(config or CSPLoRAConfig(), **overrides)
 
     def score(self, model: nn.Module, batches: Iterable[Any], probe_fn: ProbeFn,
               target_modules: Sequence[str] | str) -> ProbeScores:
         """Run the probe: per-sample module scores and confidences on every batch (model in eval mode)."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if not callable(probe_fn):
+            raise TypeError(f"probe_fn must be a function (model, batch) -> ProbeOutput, got {type(probe_fn).__name__}")
         if not target_modules:
             raise ValueError(f"target_modules is empty ({target_modules!r}): name at least one module to plan")
         names = find_target_modules(model, target_modules)
