@@ -85,6 +85,8 @@ def test_wrong_input_width_and_non_finite_tracked_input_raise_before_the_covaria
     layer = model[0]
     with pytest.raises(ValueError, match=r"expects inputs \(\.\.\., 5\), got shape \(8, 7\)"):
         model(torch.randn(8, 7))
+    with pytest.raises(ValueError, match="input is on meta but the adapter is on cpu"):
+        model(torch.randn(8, 5, device="meta"))
     cov, count = layer.input_cov.clone(), layer.input_count
     bad = x.clone()
     bad[3, 1] = math.inf

@@ -62,6 +62,8 @@ class JanusLoRALinear(AdapterLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"JanusLoRALinear expects inputs (..., {self.in_features}), got shape {tuple(x.shape)}")
+        if x.device != self.janus_A.device:
+            raise ValueError(f"input is on {x.device} but the adapter is on {self.janus_A.device}: move one of them")
         if self.track_inputs:
             with torch.no_grad():
                 flat = x.detach().reshape(-1, x.shape[-1]).double()
