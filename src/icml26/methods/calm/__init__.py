@@ -1,11 +1,16 @@
-"""CalM: a calcium-imaging simulator (switching latent dynamics -> spikes -> AR(1) calcium -> dF/F), a shared patch
-tokenizer, a dual-axis autoregressive transformer with forecasting and decoding heads, and the forecasting benchmark
-(POCO score) against from-scratch and linear-AR baselines."""
+"""CalM: a calcium-imaging simulator (shared nonlinear latent dynamics -> spikes -> AR(2) indicator -> fluorescence
+with nuisance -> dF/F), learned and k-means patch tokenizers, a dual-axis autoregressive transformer (both readings
+of the neural axis) with forecasting and decoding heads, forecasting baselines (NLinear, TSMixer, GRU, POCO-lite),
+and the forecasting benchmark (POCO score)."""
 
+from .baselines import GRUForecaster, NLinear, POCOLite, TSMixer, build_baseline
 from .config import CalMConfig
 from .experiments import ARMS, SPECS
-from .model import CalM, DualAxisBlock, PatchTokenizer, patchify, poco_score, r2_score, ridge_fit, ridge_predict
-from .simulator import Session, family_dynamics, simulate_session
+from .model import (CalM, DualAxisBlock, LearnedTokenizer, PatchTokenizer, RasterReadout, fit_tokenizer, fsq_levels,
+                    patchify, poco_score, r2_score, reconstruction_r2, ridge_fit, ridge_predict, scalar_quantize)
+from .simulator import Session, SimConfig, family_dynamics, simulate_session
 
-__all__ = ["ARMS", "CalM", "CalMConfig", "DualAxisBlock", "PatchTokenizer", "SPECS", "Session", "family_dynamics",
-           "patchify", "poco_score", "r2_score", "ridge_fit", "ridge_predict", "simulate_session"]
+__all__ = ["ARMS", "CalM", "CalMConfig", "DualAxisBlock", "GRUForecaster", "LearnedTokenizer", "NLinear", "POCOLite",
+           "PatchTokenizer", "RasterReadout", "SPECS", "Session", "SimConfig", "TSMixer", "build_baseline",
+           "family_dynamics", "fit_tokenizer", "fsq_levels", "patchify", "poco_score", "r2_score",
+           "reconstruction_r2", "ridge_fit", "ridge_predict", "scalar_quantize", "simulate_session"]

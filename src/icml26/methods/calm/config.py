@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TOKENIZERS = ("vq", "continuous")
-NEURAL_AXES = ("bidirectional", "none")
+TOKENIZERS = ("vqvae", "fsq", "kmeans", "continuous")
+NEURAL_AXES = ("bidirectional", "raster", "none")
 
 
 @dataclass
@@ -14,6 +14,7 @@ class CalMConfig:
     """Tokenizer + dual-axis autoregressive transformer. Tokens are X[n, t]: neuron n, patch t of P frames.
 
     ``neural_axis="none"`` drops the across-neuron attention (a time-only, per-neuron model: the ablation);
+    ``neural_axis="raster"`` lets (n, t) also read X[n', t+1] for n' < n (reading (ii));
     ``tokenizer="continuous"`` embeds patches linearly and regresses the next patch (the no-VQ ablation).
     Pretraining is the trainer's job; a model with zero pretraining steps is the from-scratch baseline.
     """
@@ -22,9 +23,11 @@ class CalMConfig:
         "help": "P, frames per token (RECON: notes 5.2 suggest 8-16; 8 at 10 Hz = 0.8 s)"})
     codebook_size: int = field(default=64, metadata={
         "help": "K, shared vocabulary size (RECON: notes suggest 256-1024; 64 at laptop scale)"})
-    tokenizer: str = field(default="vq", metadata={
-        "help": "'vq' (abstract: traces mapped into a shared discrete vocabulary; here a k-means codebook over "
-                "z-scored patches, fit on the pretraining sessions) or 'continuous' (ablation: linear patch embed)"})
+    tokenizer: str = field(default="vqvae", metadata={
+        "help": "abstract: single-neuron traces mapped into a shared discrete vocabulary. 'vqvae' (RECON, notes 5.2: "
+                "MLP encoder/decoder, EMA codebook, commitment 0.25), 'fsq' (finite scalar quantisation, K = prod "
+                "of levels), 'kmeans' (v1/v2: k-means codebook over z-scored patches) or 'continuous' (ablation: "
+                "linear patch embedding, MSE next-patch objective)"})
     d_model: int = field(default=32, metadata={"help": "d, width (RECON: notes 5.5 use 64; 32 at laptop scale)"})
     n_blocks: int = field(default=2, metadata={
         "help": "number of dual-axis blocks, each = temporal causal attention + neural-axis attention + MLP "
@@ -32,7 +35,8 @@ class CalMConfig:
     n_heads: int = field(default=4, metadata={"help": "attention heads (RECON: notes 5.5)"})
     neural_axis: str = field(default="bidirectional", metadata={
         "help": "'bidirectional': attention over all neurons at the same patch index, which only ever sees "
-                "causal-in-time states, so it is leak-free (RECON, notes reading (i)); 'none': time-only ablation"})
+                "causal-in-time states, so it is leak-free (RECON, notes reading (i)); 'raster': also the next "
+                "tokens of neurons earlier in a fixed order (notes reading (ii)); 'none': time-only ablation"})
     max_patches: int = field(default=16, metadata={"help": "length of the learned temporal position table (ours)"})
 
     def __post_init__(self) -> None:

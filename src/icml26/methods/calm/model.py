@@ -22,8 +22,9 @@ def patchify(traces: torch.Tensor, patch_len: int) -> torch.Tensor:
 class PatchTokenizer:
     """Shared discrete vocabulary: a k-means codebook (K, P) over z-scored single-neuron patches.
 
-    A nonparametric stand-in for the paper's learned tokenizer (which is not public): encode = nearest centroid,
-    decode = centroid lookup; the same codebook serves every neuron, session and family.
+    Every tokenizer of the room has this interface: ``encode`` (..., P) -> (...) codes in [0, K) and ``codebook``
+    (K, P), the patch each code decodes to (so ``decode(c) = codebook[c]``). k-means (Lloyd, k-means++ seeding) is
+    the nonparametric option: encode = nearest centroid; the same codebook serves every neuron, session and family.
     """
 
     def __init__(self, codebook: torch.Tensor):
@@ -34,7 +35,7 @@ class PatchTokenizer:
             max_points: int = 20_000) -> "PatchTokenizer":
         """Lloyd's k-means with k-means++-style seeding on at most ``max_points`` patches (M, P)."""
         gen = torch.Generator().manual_seed(seed)
-        pts = patches.reshape(-1, patches.shape[-1]).float()
+        pts = patches.reshape(-1, patches.shape[-1]).float().cpu()
         if len(pts) > max_points:
             pts = pts[torch.randperm(len(pts), generator=gen)[:max_points]]
         if len(pts) < codebook_size:
@@ -48,7 +49,7 @@ class PatchTokenizer:
             sums = torch.zeros_like(centers).index_add_(0, assign, pts)
             counts = torch.bincount(assign, minlength=codebook_size).unsqueeze(1)
             centers = torch.where(counts > 0, sums / counts.clamp_min(1), centers)
-        return cls(centers)
+        return cls(centers.to(patches.device))
 
     def encode(self, patches: torch.Tensor) -> torch.Tensor:
         """(..., P) -> (...) code indices."""
@@ -59,8 +60,171 @@ class PatchTokenizer:
         return self.codebook[codes]
 
 
+def _mlp(i: int, h: int, o: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(i, h), nn.GELU(), nn.Linear(h, h), nn.GELU(), nn.Linear(h, o))
+
+
+def fsq_levels(codebook_size: int) -> tuple[int, ...]:
+    """FSQ levels whose product is K: K's prime factors merged greedily while a level stays <= 8 (64 -> (8, 8)).
+    Raises ValueError when K has a prime factor above 8 (a level that coarse is not FSQ's regime)."""
+    k, primes = codebook_size, []
+    for p in (2, 3, 5, 7):
+        while k % p == 0:
+            primes.append(p)
+            k //= p
+    if k != 1:
+        raise ValueError(f"codebook_size={codebook_size} has a prime factor above 8; FSQ needs K = product of levels")
+    levels: list[int] = []
+    for p in sorted(primes, reverse=True):
+        for i, lv in enumerate(levels):
+            if lv * p <= 8:
+                levels[i] *= p
+                break
+        else:
+            levels.append(p)
+    return tuple(sorted(levels, reverse=True))
+
+
+class LearnedTokenizer(nn.Module):
+    """A learned patch tokenizer: MLP encoder -> quantiser -> MLP decoder, fit by reconstruction on pretraining
+    patches and then frozen. After :meth:`fit`, ``codebook`` (K, P) holds the decoder's output for every code.
+
+    kind="vqvae": VQ-VAE (van den Oord et al. 2017) with an EMA codebook (decay 0.99, k-means initialised on encoder outputs), commitment loss
+        beta ||z_e - sg(e)||^2 (beta = 0.25, notes 5.2), straight-through gradients, codes used under 10% of a
+        uniform share restarted from encoder outputs every 50 steps.
+    kind="fsq": finite scalar quantisation (Mentzer et al. 2023): d = len(levels) bounded latents, each rounded
+        to its level grid, straight-through; K = prod(levels); no codebook loss.
+    """
+
+    def __init__(self, patch_len: int, codebook_size: int, *, kind: str = "vqvae", code_dim: int = 8,
+                 hidden: int = 64, beta: float = 0.25, decay: float = 0.99):
+        super().__init__()
+        if kind not in ("vqvae", "fsq"):
+            raise ValueError(f"kind must be 'vqvae' or 'fsq', got {kind!r}")
+        self.kind, self.beta, self.decay, self.K = kind, beta, decay, codebook_size
+        if kind == "fsq":
+            self.levels = fsq_levels(codebook_size)
+            code_dim = len(self.levels)
+            basis = torch.cumprod(torch.tensor((1,) + self.levels[:-1]), 0)
+            self.register_buffer("basis", basis)
+        self.enc, self.dec = _mlp(patch_len, hidden, code_dim), _mlp(code_dim, hidden, patch_len)
+        self.register_buffer("embed", torch.randn(codebook_size, code_dim))
+        self.register_buffer("ema_count", torch.ones(codebook_size))
+        self.register_buffer("ema_sum", self.embed.clone())
+        self.register_buffer("codebook", torch.zeros(codebook_size, patch_len))
+
+    # ---------------------------------------------------------------------------------------- quantisers
+    def _fsq(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        L = torch.tensor(self.levels, dtype=z.dtype, device=z.device)
+        half = (L - 1) / 2
+        bounded = torch.tanh(z) * half  # in [-(L-1)/2, (L-1)/2]
+        q = bounded + (torch.round(bounded) - bounded).detach()
+        idx = ((torch.round(bounded) + half).long() * self.basis).sum(-1)
+        return q / half.clamp_min(1), idx
+
+    def _fsq_grid(self) -> torch.Tensor:
+        """(K, d) normalised latent of every FSQ code, in index order."""
+        idx = torch.arange(self.K, device=self.basis.device)
+        digits = torch.stack([(idx // b) % lv for b, lv in zip(self.basis.tolist(), self.levels)], -1).float()
+        half = (torch.tensor(self.levels, device=idx.device).float() - 1) / 2
+        return (digits - half) / half.clamp_min(1)
+
+    def _nearest(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(z, self.embed).argmin(1)
+
+    def encode(self, patches: torch.Tensor) -> torch.Tensor:
+        """(..., P) -> (...) code indices (no gradient)."""
+        with torch.no_grad():
+            z = self.enc(patches.reshape(-1, patches.shape[-1]).float())
+            idx = self._fsq(z)[1] if self.kind == "fsq" else self._nearest(z)
+        return idx.reshape(patches.shape[:-1])
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.codebook[codes]
+
+    def loss(self, x: torch.Tensor) -> torch.Tensor:
+        """Reconstruction MSE (+ beta * commitment for VQ-VAE) on patches x (M, P); updates the EMA codebook."""
+        z = self.enc(x)
+        if self.kind == "fsq":
+            return nn.functional.mse_loss(self.dec(self._fsq(z)[0]), x)
+        idx = self._nearest(z.detach())
+        e = self.embed[idx]
+        if self.training:
+            with torch.no_grad():
+                onehot = nn.functional.one_hot(idx, self.K).type_as(z)
+                self.ema_count.mul_(self.decay).add_(onehot.sum(0), alpha=1 - self.decay)
+                self.ema_sum.mul_(self.decay).add_(onehot.T @ z.detach(), alpha=1 - self.decay)
+                n = self.ema_count.sum()
+                count = (self.ema_count + 1e-5) / (n + self.K * 1e-5) * n  # Laplace smoothing
+                self.embed.copy_(self.ema_sum / count.unsqueeze(1))
+        zq = z + (e - z).detach()
+        return nn.functional.mse_loss(self.dec(zq), x) + self.beta * nn.functional.mse_loss(z, e)
+
+    @classmethod
+    def fit(cls, patches: torch.Tensor, codebook_size: int, *, kind: str = "vqvae", seed: int = 0,
+            steps: int = 1500, batch: int = 512, lr: float = 2e-3, **kw) -> "LearnedTokenizer":
+        """Train on patches (M, P) for ``steps`` Adam steps; return the frozen tokenizer with its decoded table."""
+        pts = patches.reshape(-1, patches.shape[-1]).float()
+        if len(pts) < codebook_size:
+            raise ValueError(f"need at least codebook_size={codebook_size} patches to fit, got {len(pts)}")
+        gen = torch.Generator().manual_seed(seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            tok = cls(pts.shape[-1], codebook_size, kind=kind, **kw).to(pts.device)
+        if kind == "vqvae":  # k-means init of the codebook on encoder outputs (as SoundStream does): no dead codes
+            with torch.no_grad():
+                z = tok.enc(pts[torch.randperm(len(pts), generator=gen)[:8 * 1024].to(pts.device)])
+                init = PatchTokenizer.fit(z, codebook_size, seed=seed, iters=10).codebook
+                tok.embed.copy_(init)
+                tok.ema_sum.copy_(init)
+        opt = torch.optim.Adam([p for p in tok.parameters()], lr=lr)
+        for step in range(steps):
+            x = pts[torch.randint(len(pts), (batch,), generator=gen).to(pts.device)]
+            loss = tok.loss(x)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if kind == "vqvae" and (step + 1) % 50 == 0 and step + 1 < steps:
+                with torch.no_grad():  # restart codes the EMA says are rarely used (< 10% of a uniform share)
+                    dead = tok.ema_count < 0.1 * batch / codebook_size
+                    if dead.any():
+                        z = tok.enc(pts[torch.randint(len(pts), (int(dead.sum()),), generator=gen).to(pts.device)])
+                        tok.embed[dead], tok.ema_sum[dead], tok.ema_count[dead] = z, z, 1.0
+        tok.eval().requires_grad_(False)
+        with torch.no_grad():
+            tok.codebook.copy_(tok.dec(tok._fsq_grid() if kind == "fsq" else tok.embed))
+        return tok
+
+
+def fit_tokenizer(kind: str, patches: torch.Tensor, codebook_size: int, *, seed: int = 0,
+                  steps: int = 1500) -> PatchTokenizer | LearnedTokenizer:
+    """The tokenizer ``CalMConfig.tokenizer`` names ("kmeans", "vqvae", "fsq"), fit on patches (M, P)."""
+    if kind == "kmeans":
+        return PatchTokenizer.fit(patches, codebook_size, seed=seed)
+    if kind in ("vqvae", "fsq"):
+        return LearnedTokenizer.fit(patches, codebook_size, kind=kind, seed=seed, steps=steps)
+    raise ValueError(f"no discrete tokenizer named {kind!r}; expected 'kmeans', 'vqvae' or 'fsq'")
+
+
+def scalar_quantize(patches: torch.Tensor, levels: int, lo: float, hi: float) -> torch.Tensor:
+    """Chronos-style scalar quantisation of every frame to ``levels`` uniform bins on [lo, hi] (bin centres);
+    a per-frame vocabulary (P log2 K bits per patch, not log2 K), used only as a fidelity reference."""
+    width = (hi - lo) / levels
+    idx = ((patches - lo) / width).floor().clamp(0, levels - 1)
+    return lo + (idx + 0.5) * width
+
+
+def reconstruction_r2(recon: torch.Tensor, patches: torch.Tensor) -> float:
+    """1 - MSE / Var over all entries of patches (M, P)."""
+    return 1.0 - float(((recon - patches) ** 2).mean() / patches.var(unbiased=False))
+
+
 class DualAxisBlock(nn.Module):
-    """Temporal causal self-attention per neuron, then attention across neurons at each patch, then an MLP."""
+    """Temporal causal self-attention per neuron, then attention across all neurons at each patch, then an MLP.
+
+    Every state at patch t is causal in time, so mixing neurons at the same t leaks nothing from t+1 on (reading
+    (i) of "autoregressive along the neural axis", notes 5.2).
+    """
 
     def __init__(self, d: int, heads: int, neural: bool):
         super().__init__()
@@ -77,7 +241,6 @@ class DualAxisBlock(nn.Module):
         x = x + self.attn_t(y, y, y, attn_mask=causal, need_weights=False)[0]
         h = x.reshape(B, N, T, d)
         if self.attn_n is not None:
-            # every state at patch t is already causal in time, so mixing neurons at the same t leaks no future
             x = h.transpose(1, 2).reshape(B * T, N, d)
             y = self.ln_n(x)
             x = x + self.attn_n(y, y, y, need_weights=False)[0]
@@ -85,20 +248,49 @@ class DualAxisBlock(nn.Module):
         return h + self.mlp(self.ln_m(h))
 
 
+class RasterReadout(nn.Module):
+    """Reading (ii) of the neural axis: the state at (n, t) also reads the next tokens X[n', t+1] of neurons
+    earlier in a fixed order (n' < n). Keys/values: the N past-only states at t plus the N next-token embeddings
+    ``nxt`` under a strictly lower-triangular mask. It sits after the dual-axis blocks, because a state that has
+    read X[n', t+1] must not be read by another neuron's state (that would leak X[n', t+1] to neurons n <= n').
+    """
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.ln_q, self.ln_kv = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, h: torch.Tensor, nxt: torch.Tensor) -> torch.Tensor:
+        B, N, T, d = h.shape
+        x = h.transpose(1, 2).reshape(B * T, N, d)
+        y = self.ln_q(x)
+        kv = torch.cat([y, self.ln_kv(nxt.transpose(1, 2).reshape(B * T, N, d))], 1)  # (B*T, 2N, d)
+        later = torch.ones(N, N, dtype=torch.bool, device=h.device).triu(0)  # next tokens of n' >= n are hidden
+        mask = torch.cat([torch.zeros(N, N, dtype=torch.bool, device=h.device), later], 1)
+        x = x + self.attn(y, kv, kv, attn_mask=mask, need_weights=False)[0]
+        x = x + self.mlp(x)
+        return x.reshape(B, T, N, d).transpose(1, 2)
+
+
 class CalM(nn.Module):
     """Dual-axis autoregressive transformer over neuron x patch tokens.
 
-    forward(inputs) -> next-token logits (B, N, T, K) for ``tokenizer="vq"`` (inputs: codes (B, N, T)), or the
-    next patch (B, N, T, P) for ``tokenizer="continuous"`` (inputs: patches (B, N, T, P)). Position t predicts t+1.
+    forward(inputs, next_inputs=None) -> next-token logits (B, N, T, K) for a discrete tokenizer (inputs: codes
+    (B, N, T)), or the next patch (B, N, T, P) for ``tokenizer="continuous"`` (inputs: patches (B, N, T, P)).
+    Position t predicts t+1. ``next_inputs`` (same shape as inputs; entry t = X[:, t+1]) is read only by
+    ``neural_axis="raster"``, and only for neurons earlier in the order.
     """
 
-    def __init__(self, config: CalMConfig, tokenizer: PatchTokenizer | None = None):
+    def __init__(self, config: CalMConfig, tokenizer=None):
         super().__init__()
         self.config, self.tokenizer = config, tokenizer
         c = config
-        if c.tokenizer == "vq":
-            if tokenizer is None or tokenizer.codebook.shape != (c.codebook_size, c.patch_len):
-                raise ValueError("tokenizer='vq' needs a PatchTokenizer with a (codebook_size, patch_len) codebook")
+        if c.tokenizer != "continuous":
+            book = getattr(tokenizer, "codebook", None)
+            if book is None or tuple(book.shape) != (c.codebook_size, c.patch_len):
+                raise ValueError(f"tokenizer={c.tokenizer!r} needs a fitted tokenizer with a (codebook_size, "
+                                 f"patch_len) = ({c.codebook_size}, {c.patch_len}) codebook")
             self.embed = nn.Embedding(c.codebook_size, c.d_model)
             self.out = nn.Linear(c.d_model, c.codebook_size)
         else:
@@ -107,50 +299,66 @@ class CalM(nn.Module):
         self.pos = nn.Parameter(torch.randn(c.max_patches, c.d_model) * 0.02)
         self.blocks = nn.ModuleList(DualAxisBlock(c.d_model, c.n_heads, c.neural_axis != "none")
                                     for _ in range(c.n_blocks))
+        self.raster = RasterReadout(c.d_model, c.n_heads) if c.neural_axis == "raster" else None
         self.ln_f = nn.LayerNorm(c.d_model)
+
+    @property
+    def discrete(self) -> bool:
+        return self.config.tokenizer != "continuous"
 
     def inputs_from_traces(self, traces: torch.Tensor) -> torch.Tensor:
         patches = patchify(traces, self.config.patch_len)
-        return self.tokenizer.encode(patches) if self.config.tokenizer == "vq" else patches
+        return self.tokenizer.encode(patches) if self.discrete else patches
 
-    def features(self, inputs: torch.Tensor) -> torch.Tensor:
+    def features(self, inputs: torch.Tensor, next_inputs: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states (B, N, T, d)."""
         h = self.embed(inputs)
         T = h.shape[2]
-        if T > self.config.max_patches:
+        if T + (next_inputs is not None) > self.config.max_patches:
             raise ValueError(f"window of {T} patches exceeds max_patches={self.config.max_patches}")
         h = h + self.pos[:T]
         for blk in self.blocks:
             h = blk(h)
+        if self.raster is not None and next_inputs is not None:  # without next tokens (decoding): reading (i)
+            h = self.raster(h, self.embed(next_inputs) + self.pos[1:T + 1])
         return self.ln_f(h)
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.out(self.features(inputs))
+    def forward(self, inputs: torch.Tensor, next_inputs: torch.Tensor | None = None) -> torch.Tensor:
+        return self.out(self.features(inputs, next_inputs))
 
     def loss(self, traces: torch.Tensor) -> torch.Tensor:
         """Next-token objective on a window (B, N, T_frames): CE over the codebook, or MSE for continuous."""
         inputs = self.inputs_from_traces(traces)
-        pred = self(inputs[:, :, :-1])
-        if self.config.tokenizer == "vq":
+        pred = self(inputs[:, :, :-1], inputs[:, :, 1:])
+        if self.discrete:
             return nn.functional.cross_entropy(pred.reshape(-1, pred.shape[-1]), inputs[:, :, 1:].reshape(-1))
         return nn.functional.mse_loss(pred, inputs[:, :, 1:])
 
+    def _point(self, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(forecast patch, token fed back) from the last position's output: the expected decoded patch under the
+        predicted code distribution (MSE-optimal given the logits) and the argmax code; continuous: the patch."""
+        if self.discrete:
+            return last.softmax(-1) @ self.tokenizer.codebook, last.argmax(-1)
+        return last, last
+
     @torch.no_grad()
     def forecast(self, context: torch.Tensor, horizon_patches: int) -> torch.Tensor:
-        """Forecasting head: (B, N, T_ctx) frames -> (B, N, horizon_patches * P) frames, autoregressively.
-
-        vq: each step's forecast is the expected centroid under the predicted code distribution (the MSE-optimal
-        point forecast given the logits); the argmax code is fed back for the next step."""
+        """Forecasting head: (B, N, T_ctx) frames -> (B, N, horizon_patches * P) frames, autoregressively in time;
+        with ``neural_axis="raster"`` also neuron by neuron within each step (N passes per step)."""
         inputs = self.inputs_from_traces(context)
         outs = []
         for _ in range(horizon_patches):
-            last = self(inputs)[:, :, -1]
-            if self.config.tokenizer == "vq":
-                outs.append(last.softmax(-1) @ self.tokenizer.codebook)
-                inputs = torch.cat([inputs, last.argmax(-1, keepdim=True)], dim=2)
+            if self.config.neural_axis != "raster":
+                patch, tok = self._point(self(inputs)[:, :, -1])
             else:
-                outs.append(last)
-                inputs = torch.cat([inputs, last.unsqueeze(2)], dim=2)
+                nxt = torch.cat([inputs[:, :, 1:], inputs[:, :, -1:]], 2)  # last slot filled neuron by neuron
+                patch = torch.zeros(*inputs.shape[:2], self.config.patch_len, device=inputs.device)
+                for n in range(inputs.shape[1]):
+                    p_n, t_n = self._point(self(inputs, nxt)[:, n, -1])
+                    patch[:, n], nxt[:, n, -1] = p_n, t_n
+                tok = nxt[:, :, -1]
+            outs.append(patch)
+            inputs = torch.cat([inputs, tok.unsqueeze(2)], dim=2)
         return torch.cat(outs, dim=-1)
 
     @torch.no_grad()
