@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -99,6 +100,20 @@ def test_bad_examples_leave_weights_optimizer_and_mode_unchanged(examples, error
     with pytest.raises(error, match=match):
         trainer.step(examples)
     _assert_unchanged(trainer, snap)
+
+
+def test_numpy_and_tensor_ids_are_accepted_like_lists():
+    trainer = _trainer()
+    as_numpy = [AnnotatedExample(np.array(ex.prompt), np.array(ex.annotation, dtype=np.int32), list(ex.response))
+                for ex in _good()]
+    as_tensor = [AnnotatedExample(torch.tensor(ex.prompt), torch.tensor(ex.annotation), torch.tensor(ex.response))
+                 for ex in _good()]
+    ref = collate(_good(), trainer.config)
+    for examples in (as_numpy, as_tensor):
+        batch = collate(examples, trainer.config)
+        assert torch.equal(batch.inputs, ref.inputs) and torch.equal(batch.loss_mask, ref.loss_mask)
+    with pytest.raises(TypeError, match="int token ids"):
+        collate([AnnotatedExample(np.array([1.0, 2.0]), [10], [5, 12])], trainer.config)
 
 
 def test_non_finite_loss_or_gradient_takes_no_step():

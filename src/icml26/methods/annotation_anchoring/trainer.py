@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,10 +43,10 @@ def _ids(x: Sequence[int] | torch.Tensor, name: str) -> torch.Tensor:
             values = list(x)
         except TypeError:
             raise TypeError(f"{name} must be a sequence of token ids, got {type(x).__name__}") from None
-        bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool)]
+        bad = [v for v in values if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_))]
         if bad:
             raise TypeError(f"{name} must hold int token ids, got {bad[0]!r} ({type(bad[0]).__name__})")
-        t = torch.tensor(values, dtype=torch.long)
+        t = torch.tensor([int(v) for v in values], dtype=torch.long)
     if t.numel() and int(t.min()) < 0:
         raise ValueError(f"{name} holds a negative token id")
     return t
