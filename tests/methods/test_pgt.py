@@ -110,11 +110,18 @@ def test_gymnasium_view_of_the_world():
 
 def test_null_arm_fails_comparator(monkeypatch):
     cfg = ex.SPECS[0].tiers["smoke"]
-    lrs = {"pgt": 1e-2, "full_ft": 1e-3}
+    lrs = {"pgt": 1e-2, "full_ft": 1e-3, "lora": 3e-3, "bitfit": 3e-3}
     res = ex.run_arms(cfg, 0, lrs, world.ID)
     _, stats, checks = ex._stats(res)
     assert checks["policy_frozen"] == 1.0 and all(math.isfinite(v) for v in stats.values() if v == v)
-    monkeypatch.setattr(ex, "pgt", lambda policy, z_ref, collect, cfg, gen: (z_ref, [{"held_loss": [0.0]}]))
+    assert stats["forgetting_pgt"] == 0.0  # measured: theta untouched, same rollouts
+    ex._RUNS.clear()
+    monkeypatch.setattr(ex, "pgt_tasks", lambda policy, z_ref, collect, cfg, gens:
+                        (z_ref, [[{"held_loss": [0.0]}] for _ in z_ref]))
     null = ex._stats(ex.run_arms(cfg, 0, lrs, world.ID))[1]
+    ex._RUNS.clear()
     assert null["rel_improvement_vs_prompt"] == 0.0
     assert not ex.SPECS[0].comparator.holds(null["rel_improvement_vs_prompt"])
+    # the forgetting claim's null arm: PGT against itself (no weight arm) gives a gap of 0
+    spec = next(s for s in ex.SPECS if s.id == "pgt_no_forgetting")
+    assert not spec.comparator.holds(null["forgetting_pgt"] - stats["forgetting_pgt"])

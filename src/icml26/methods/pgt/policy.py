@@ -50,14 +50,27 @@ class GoalPolicy(nn.Module):
     def rollout(self, z: torch.Tensor, n: int, horizon: int, gen: torch.Generator, dyn: world.Dynamics = world.ID
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """n stochastic rollouts with latent z (z_dim,) or (n, z_dim): states (n, T+1, 2), actions (n, T, 2)."""
-        pos = world.starts(n, gen, z.device)
-        states, actions = [pos], []
-        for _ in range(horizon):
-            a = self.mean(pos, z) + self.log_std.exp() * torch.randn(pos.shape, generator=gen).to(pos.device)
-            pos = world.step(pos, a, dyn)
-            states.append(pos)
-            actions.append(a)
-        return torch.stack(states, 1), torch.stack(actions, 1)
+        return rollout_with(self.mean, self.log_std, z, (n,), horizon, gen, dyn)
+
+
+@torch.no_grad()
+def rollout_with(mean_fn, log_std: torch.Tensor, z: torch.Tensor, shape: tuple[int, ...], horizon: int,
+                 gen: torch.Generator, dyn: world.Dynamics = world.ID) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stochastic rollouts of a Gaussian policy a ~ N(mean_fn(s, z), exp(log_std)^2) for a batch of any ``shape``
+    (e.g. (n,) for one task, (K, n) for K tasks at once): states (*shape, T+1, 2), actions (*shape, T, 2).
+
+    ``mean_fn(states (*shape, 2), z) -> (*shape, 2)``; z and log_std broadcast against ``shape`` (z of one task
+    per leading index: (K, 1, z_dim); log_std (2,) or per task (K, 1, 2)). Start positions and action noise are
+    drawn from ``gen`` in the same order for every policy of the same ``shape`` (common random numbers)."""
+    n = math.prod(shape)
+    pos = world.starts(n, gen, z.device).reshape(*shape, 2)
+    states, actions = [pos], []
+    for _ in range(horizon):
+        a = mean_fn(pos, z) + log_std.exp() * torch.randn(pos.shape, generator=gen).to(pos.device)
+        pos = world.step(pos.reshape(n, 2), a.reshape(n, 2), dyn).reshape(*shape, 2)
+        states.append(pos)
+        actions.append(a)
+    return torch.stack(states, -2), torch.stack(actions, -2)
 
 
 def pretrain(policy: GoalPolicy, steps: int, *, horizon: int, batch: int = 128, lr: float = 1e-3,
