@@ -1,6 +1,7 @@
-"""CalM: simulator statistics (rates, AR(1) kernel recovered, determinism + content hash), tokenisation and
-patch shapes, the dual-axis model's causality (no future leak along time, neural mixing present / absent by switch),
-metrics against loop references, the scratch reduction switch, config ValueErrors and a smoke run of the claim."""
+"""CalM: simulator (legacy v1/v2 statistics and AR(1) kernel; v3 AR(2) kernel, dF/F baseline, switchable and
+content-hashed ingredients), tokenisation (patchify, k-means, VQ-VAE, FSQ), the dual-axis model's causality for both
+readings of the neural axis, baselines (shapes, neuron-permutation equivariance), metrics against loop references,
+the scratch reduction switch, config ValueErrors and a smoke run of the claim with its null arm."""
 
 from __future__ import annotations
 
@@ -8,17 +9,24 @@ import numpy as np
 import pytest
 import torch
 
-from icml26.methods.calm import (SPECS, CalM, CalMConfig, PatchTokenizer, patchify, poco_score, r2_score, ridge_fit,
-                                 ridge_predict, simulate_session)
-from icml26.methods.calm.experiments import adapt, init_model, run_seed
-from icml26.methods.calm.reference import (ar1_calcium_loop, fit_ar1, patchify_loop, poco_score_reference,
-                                           r2_reference)
+from icml26.methods.calm import (SPECS, CalM, CalMConfig, LearnedTokenizer, PatchTokenizer, SimConfig, build_baseline,
+                                 fit_tokenizer, fsq_levels, patchify, poco_score, r2_score, reconstruction_r2,
+                                 ridge_fit, ridge_predict, scalar_quantize, simulate_session)
+from icml26.methods.calm.experiments import adapt, init_model, plateau_remaining, run_seed
+from icml26.methods.calm.reference import (ar1_calcium_loop, ar2_calcium_loop, fit_ar1, patchify_loop,
+                                           percentile_at, poco_score_reference, r2_reference)
+from icml26.methods.calm.simulator import running_percentile
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def session():
+    return simulate_session(0, 3, n_neurons=24, n_frames=2000, sim=SimConfig.legacy())
+
+
+@pytest.fixture(scope="module")
+def session_v3():
     return simulate_session(0, 3, n_neurons=24, n_frames=2000)
 
 
@@ -32,8 +40,7 @@ def test_simulator_rates_and_shapes(session):
     assert abs(session.spikes.mean() - session.rates_hz.mean() / session.fs) < 0.02
     np.testing.assert_allclose(session.dff.mean(1), 0.0, atol=1e-4)
     np.testing.assert_allclose(session.dff.std(1), 1.0, atol=1e-3)
-    # a shared latent drives the population: neurons are correlated beyond chance
-    c = np.corrcoef(session.dff)
+    c = np.corrcoef(session.dff)  # a shared latent drives the population: neurons correlate beyond chance
     assert np.abs(c[np.triu_indices(24, 1)]).mean() > 0.05
 
 
@@ -44,11 +51,58 @@ def test_simulator_ar1_kernel_recovered_and_matches_loop(session):
     assert 0.8 < session.gamma < 0.95  # tau 0.8-1.5 s at 10 Hz (GCaMP6s-like decay)
 
 
-def test_simulator_deterministic_hash_and_families():
-    a, b = simulate_session(1, 7, n_frames=300), simulate_session(1, 7, n_frames=300)
-    assert a.content_hash == b.content_hash and np.array_equal(a.dff, b.dff)
-    assert simulate_session(1, 8, n_frames=300).content_hash != a.content_hash
-    assert simulate_session(2, 7, n_frames=300).gamma != a.gamma  # families differ in indicator decay
+def test_v3_ar2_kernel_matches_loop_and_gcamp_families(session_v3):
+    g1, g2 = session_v3.kernel
+    np.testing.assert_allclose(session_v3.calcium, ar2_calcium_loop(session_v3.spikes, g1, g2), atol=1e-9)
+    # the two roots of 1 - g1 q - g2 q^2 are the decay and rise factors exp(-1/(f tau))
+    roots = np.sort(np.roots([1.0, -g1, -g2]))
+    tau = -1.0 / (session_v3.fs * np.log(roots))
+    assert session_v3.indicator == "6s" and 0.1 <= tau[0] <= 0.2 + 1e-9 and 1.0 <= tau[1] <= 2.0
+    fast = simulate_session(1, 3, n_neurons=4, n_frames=300)
+    assert fast.indicator == "6f" and fast.gamma < session_v3.gamma  # GCaMP6f decays faster
+    np.testing.assert_allclose(session_v3.dff.std(1), 1.0, atol=1e-3)
+    assert np.isfinite(session_v3.dff).all()
+
+
+def test_running_percentile_matches_numpy_at_evaluation_points():
+    f = np.random.default_rng(0).standard_normal((3, 500)).cumsum(1)
+    base = running_percentile(f, 100)
+    for c in (0, 50, 250, 490):  # evaluation points (every window // 10 frames)
+        np.testing.assert_allclose(base[:, c], percentile_at(f, c, 100, 8.0), atol=1e-9)
+
+
+def test_every_ingredient_switches_and_is_hashed():
+    ref = simulate_session(2, 5, n_neurons=6, n_frames=400)
+    again = simulate_session(2, 5, n_neurons=6, n_frames=400)
+    assert ref.content_hash == again.content_hash and np.array_equal(ref.dff, again.dff)
+    switches = [{"dynamics": "switching"}, {"indicator": "ar1"}, {"saturation": False}, {"neuropil": False},
+                {"drift_sd": 0.0}, {"bleaching": 0.0}, {"behavior_fraction": 0.0}, {"dff": "zscore"}]
+    hashes = {ref.content_hash}
+    for kw in switches:
+        s = simulate_session(2, 5, n_neurons=6, n_frames=400, sim=SimConfig(**kw))
+        assert not np.array_equal(s.dff, ref.dff), kw
+        hashes.add(s.content_hash)
+    assert len(hashes) == len(switches) + 1
+    assert simulate_session(2, 6, n_neurons=6, n_frames=400).content_hash != ref.content_hash
+
+
+def test_legacy_session_ignores_v3_streams():
+    """SimConfig.legacy() draws only from the v1/v2 random stream: its latents equal the switching-dynamics
+    latents of any other config, and its dF/F is the z-scored AR(1) calcium plus noise (v1/v2's formula)."""
+    leg = simulate_session(1, 7, n_neurons=5, n_frames=300, sim=SimConfig.legacy())
+    sw = simulate_session(1, 7, n_neurons=5, n_frames=300, sim=SimConfig(dynamics="switching"))
+    np.testing.assert_array_equal(leg.latents, sw.latents)
+    assert leg.indicator == "ar1" and len(leg.kernel) == 1
+    resid = leg.dff - (leg.calcium - leg.calcium.mean(1, keepdims=True)) / leg.dff.std(1, keepdims=True).clip(1e-6)
+    assert np.corrcoef(leg.dff.ravel(), leg.calcium.ravel())[0, 1] > 0.5 and np.isfinite(resid).all()
+
+
+@pytest.mark.parametrize("kw,field", [({"dynamics": "lds"}, "dynamics"), ({"indicator": "ar3"}, "indicator"),
+                                      ({"dff": "raw"}, "dff"), ({"bleaching": 1.0}, "bleaching"),
+                                      ({"drift_sd": -1.0}, "drift_sd"), ({"latent_dim": 5}, "latent_dim")])
+def test_sim_config_rejects_bad_values(kw, field):
+    with pytest.raises(ValueError, match=field):
+        SimConfig(**kw)
     with pytest.raises(ValueError, match="n_neurons"):
         simulate_session(0, 0, n_neurons=1)
 
@@ -60,10 +114,14 @@ def test_patchify_matches_loop(T, P):
     np.testing.assert_array_equal(patchify(torch.as_tensor(x), P).numpy(), patchify_loop(x, P))
 
 
-def test_tokenizer_codebook_recovers_clusters_and_shapes():
+def _clusters(n=600, P=8):
     g = torch.Generator().manual_seed(0)
-    centers = torch.randn(4, 8, generator=g) * 5
-    pts = centers[torch.arange(400) % 4] + 0.01 * torch.randn(400, 8, generator=g)
+    centers = torch.randn(4, P, generator=g) * 3
+    return centers, centers[torch.arange(n) % 4] + 0.01 * torch.randn(n, P, generator=g)
+
+
+def test_kmeans_tokenizer_recovers_clusters_and_shapes():
+    _, pts = _clusters(400)
     tok = PatchTokenizer.fit(pts, 4, seed=0)
     codes = tok.encode(pts.reshape(20, 20, 8))
     assert codes.shape == (20, 20) and codes.dtype == torch.int64
@@ -72,21 +130,50 @@ def test_tokenizer_codebook_recovers_clusters_and_shapes():
         PatchTokenizer.fit(pts[:3], 4)
 
 
+@pytest.mark.parametrize("kind", ["vqvae", "fsq"])
+def test_learned_tokenizer_table_equals_decoder_path(kind):
+    centers, pts = _clusters()
+    tok = LearnedTokenizer.fit(pts, 16, kind=kind, seed=0, steps=80, batch=128)
+    codes = tok.encode(pts[:50].reshape(5, 10, 8))
+    assert codes.shape == (5, 10) and int(codes.min()) >= 0 and int(codes.max()) < 16
+    with torch.no_grad():  # decode = the codebook table = the decoder applied to the quantised latent
+        z = tok.enc(pts[:50])
+        zq = tok._fsq(z)[0] if kind == "fsq" else tok.embed[tok._nearest(z)]
+        torch.testing.assert_close(tok.decode(codes).reshape(50, 8), tok.dec(zq), rtol=1e-5, atol=1e-5)
+    assert all(not p.requires_grad for p in tok.parameters())
+    if kind == "vqvae":  # four planted clusters: each gets its own code(s), never shared with another cluster
+        all_codes = tok.encode(pts).reshape(-1, 4)  # column j = cluster j
+        sets = [set(all_codes[:, j].tolist()) for j in range(4)]
+        assert all(not (sets[i] & sets[j]) for i in range(4) for j in range(i))
+        assert reconstruction_r2(tok.decode(tok.encode(pts)), pts) > 0.8
+
+
+def test_fsq_levels_and_fit_tokenizer_dispatch():
+    assert fsq_levels(64) == (8, 8) and fsq_levels(16) == (8, 2) and np.prod(fsq_levels(240)) == 240
+    with pytest.raises(ValueError, match="prime factor"):
+        fsq_levels(22)
+    with pytest.raises(ValueError, match="tokenizer"):
+        fit_tokenizer("rvq", torch.randn(100, 8), 8)
+    x = torch.linspace(-1, 1, 9).reshape(1, 9)
+    np.testing.assert_allclose(scalar_quantize(x, 4, -1.0, 1.0).numpy(),
+                               [[-0.75, -0.75, -0.25, -0.25, 0.25, 0.25, 0.75, 0.75, 0.75]], atol=1e-6)  # bins of width 0.5, top edge closed
+
+
 def _model(**kw):
     cfg = CalMConfig(patch_len=4, codebook_size=8, d_model=16, n_blocks=2, n_heads=2, **kw)
     tok = PatchTokenizer.fit(torch.randn(200, 4, generator=torch.Generator().manual_seed(1)), 8, seed=0)
     torch.manual_seed(0)
-    return CalM(cfg, tok if cfg.tokenizer == "vq" else None).eval()
+    return CalM(cfg, tok if cfg.tokenizer != "continuous" else None).eval()
 
 
-@pytest.mark.parametrize("tokenizer", ["vq", "continuous"])
+@pytest.mark.parametrize("tokenizer", ["kmeans", "continuous"])
 def test_model_shapes_and_no_future_leak(tokenizer):
     m = _model(tokenizer=tokenizer)
     x = torch.randn(2, 5, 24)  # B=2, N=5, 6 patches of 4 frames
     inp = m.inputs_from_traces(x)
-    assert inp.shape == ((2, 5, 6) if tokenizer == "vq" else (2, 5, 6, 4))
+    assert inp.shape == ((2, 5, 6) if tokenizer == "kmeans" else (2, 5, 6, 4))
     out = m(inp)
-    assert out.shape == ((2, 5, 6, 8) if tokenizer == "vq" else (2, 5, 6, 4))
+    assert out.shape == ((2, 5, 6, 8) if tokenizer == "kmeans" else (2, 5, 6, 4))
     x2 = x.clone()
     x2[:, :, 16:] = torch.randn(2, 5, 8)  # change patches 4 and 5 of every neuron
     out2 = m(m.inputs_from_traces(x2))
@@ -94,6 +181,28 @@ def test_model_shapes_and_no_future_leak(tokenizer):
     assert not torch.allclose(out[:, :, 5], out2[:, :, 5])
     assert m.forecast(x[:, :, :16], 2).shape == (2, 5, 8)
     assert m.pooled_features(x).shape == (2, 6, 16)
+    assert torch.isfinite(m.loss(x))
+
+
+@pytest.mark.parametrize("tokenizer", ["kmeans", "continuous"])
+def test_raster_reading_sees_earlier_neurons_next_token_only(tokenizer):
+    """Reading (ii): logits at (n, t) may depend on X[n', t+1] for n' < n, never on X[n', t+1] for n' >= n nor on
+    anything at t+2 or later; with the teacher-forced next tokens of the loss."""
+    m = _model(tokenizer=tokenizer, neural_axis="raster")
+    x = torch.randn(2, 5, 28)  # 7 patches
+    X = m.inputs_from_traces(x)
+    t = 2
+    for n in range(5):
+        x2 = x.clone()
+        x2[:, n:, (t + 1) * 4:(t + 2) * 4] += 3 * torch.randn(2, 5 - n, 4)  # X[n..N-1, t+1]
+        x2[:, :, (t + 2) * 4:] = torch.randn(2, 5, 28 - (t + 2) * 4)  # everything after t+1
+        X2 = m.inputs_from_traces(x2)
+        a, b = m(X[:, :, :-1], X[:, :, 1:]), m(X2[:, :, :-1], X2[:, :, 1:])
+        torch.testing.assert_close(a[:, :, :t + 1][:, :n + 1], b[:, :, :t + 1][:, :n + 1])
+        torch.testing.assert_close(a[:, :, :t], b[:, :, :t])
+        if n < 4 and tokenizer == "continuous":  # neuron n+1 reads neuron n's next patch
+            assert not torch.allclose(a[:, n + 1, t], b[:, n + 1, t])
+    assert m.forecast(x[:, :, :16], 2).shape == (2, 5, 8)
     assert torch.isfinite(m.loss(x))
 
 
@@ -105,8 +214,30 @@ def test_neural_axis_switch():
         m = _model(neural_axis=axis)
         a, b = m(m.inputs_from_traces(x)), m(m.inputs_from_traces(x2))
         assert (not torch.allclose(a[:, 0], b[:, 0])) == mixes
-        assert sum(p.numel() for p in m.parameters()) > 0
     assert _model(neural_axis="none").blocks[0].attn_n is None
+
+
+# ------------------------------------------------------------------------------------------------------ baselines
+@pytest.mark.parametrize("name", ["nlinear", "tsmixer", "gru", "poco"])
+def test_baselines_shapes_and_neuron_permutation(name):
+    torch.manual_seed(0)
+    m = build_baseline(name, 12, 5, 7).eval()
+    x = torch.randn(3, 7, 12)
+    y = m(x)
+    assert y.shape == (3, 7, 5) and torch.isfinite(y).all()
+    if name != "tsmixer":  # no neuron identity: permuting neurons permutes the forecasts (any N works)
+        perm = torch.randperm(7)
+        torch.testing.assert_close(m(x[:, perm]), y[:, perm], rtol=1e-5, atol=1e-5)
+        assert m(torch.randn(2, 11, 12)).shape == (2, 11, 5)
+    else:
+        with pytest.raises(ValueError, match="neurons"):
+            m(torch.randn(3, 6, 12))
+    with torch.no_grad():  # NLinear with a zero map is copy-last exactly
+        if name == "nlinear":
+            m.lin.weight.zero_(), m.lin.bias.zero_()
+            torch.testing.assert_close(m(x), x[..., -1:].expand(-1, -1, 5))
+    with pytest.raises(ValueError, match="baseline"):
+        build_baseline("lstm", 12, 5, 7)
 
 
 # -------------------------------------------------------------------------------------------------------- metrics
@@ -119,20 +250,22 @@ def test_metrics_match_reference():
     assert abs(r2_score(pred, target) - r2_reference(pred, target)) < 1e-12
     X = rng.standard_normal((200, 4))
     Y = X @ np.array([[1.0], [-2.0], [0.5], [0.0]]) + 3.0
-    W = ridge_fit(X, Y, 1e-8)
-    np.testing.assert_allclose(ridge_predict(W, X), Y, atol=1e-6)
+    np.testing.assert_allclose(ridge_predict(ridge_fit(X, Y, 1e-8), X), Y, atol=1e-6)
+    # plateau statistic by hand: CE 4, 3, 2, 2, 2 (x2 steps each): windows [6, 8) = 2 and [8, 10) = 2 -> 0
+    assert plateau_remaining([4, 4, 3, 3, 2, 2, 2, 2, 2, 2], np.log(64)) == 0.0
+    assert plateau_remaining([4] * 6 + [3, 3, 2, 2], 4.0) == pytest.approx(0.5)
 
 
 # ---------------------------------------------------------------------------------------------------- config
 @pytest.mark.parametrize("kw,field", [({"patch_len": 0}, "patch_len"), ({"codebook_size": 1}, "codebook_size"),
-                                      ({"d_model": 30, "n_heads": 4}, "d_model"), ({"tokenizer": "fsq"}, "tokenizer"),
-                                      ({"neural_axis": "raster"}, "neural_axis"), ({"n_blocks": 2.0}, "n_blocks")])
+                                      ({"d_model": 30, "n_heads": 4}, "d_model"), ({"tokenizer": "rvq"}, "tokenizer"),
+                                      ({"neural_axis": "causal"}, "neural_axis"), ({"n_blocks": 2.0}, "n_blocks")])
 def test_config_rejects_bad_values(kw, field):
     with pytest.raises(ValueError, match=field):
         CalMConfig(**kw)
 
 
-def test_vq_model_needs_matching_tokenizer():
+def test_discrete_model_needs_matching_tokenizer():
     with pytest.raises(ValueError, match="tokenizer"):
         CalM(CalMConfig(codebook_size=8, patch_len=4), None)
 
@@ -142,38 +275,50 @@ def test_zero_pretraining_is_scratch_exactly():
     cfg = {**SPECS[0].tiers["smoke"], "finetune_steps": 3}
     train = simulate_session(0, 5, n_neurons=6, n_frames=200).dff
     P = cfg["patch_len"]
-    tok = PatchTokenizer.fit(patchify(torch.as_tensor(train), P).reshape(-1, P), cfg["codebook_size"], seed=11)
+    tok = fit_tokenizer("vqvae", patchify(torch.as_tensor(train), P).reshape(-1, P), cfg["codebook_size"], steps=5)
     unpretrained = init_model(tok, cfg, 11)  # "pretrained" for zero steps
-    a, b = adapt(unpretrained, train, cfg, 1e-3, 11), adapt(None, train, cfg, 1e-3, 11)
+    a, b = adapt(unpretrained, train, cfg, 1e-3, 11), adapt(None, train, cfg, 1e-3, 11, tok)
     for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
         torch.testing.assert_close(va, vb, rtol=0, atol=0, msg=k)
     assert not torch.equal(a.out.weight, unpretrained.out.weight)  # training did happen
 
 
-def test_smoke_run_has_every_arm():
+@pytest.fixture(scope="module")
+def smoke_prepared():
+    return SPECS[0].prepare(SPECS[0].tiers["smoke"])
+
+
+def test_smoke_run_has_every_arm(smoke_prepared):
     spec = SPECS[0]
-    cfg = spec.tiers["smoke"]
-    full = run_seed(cfg, 0, spec.prepare(cfg))
+    full = run_seed(spec.tiers["smoke"], 0, smoke_prepared)
     assert set(full["arms"]) == set(spec.arms)
     assert all(np.isfinite(v["score"]) for v in full["arms"].values())
     assert full["arms"]["copy_last"]["score"] == 0.0
     assert np.isfinite(full["statistics"][spec.comparator.statistic])
+    assert set(full["checks"]) == {c.name for c in spec.checks}
+    assert set(smoke_prepared["tuning"]["chosen"]) == {"calm", "scratch", "nlinear", "tsmixer", "gru", "poco"}
 
 
-def test_null_arm_is_rejected_by_the_comparator():
+def test_null_arm_is_rejected_by_the_comparator(smoke_prepared):
     """calm switched back to the baseline (trained from scratch at scratch's rate): gain <= 0, never > 0."""
     spec = SPECS[0]
-    cfg = {**spec.tiers["smoke"], "null": True}
-    out = run_seed(cfg, 0, spec.prepare(spec.tiers["smoke"]))
+    cfg = {**spec.tiers["smoke"], "null": True, "arms": ["calm", "scratch", "copy_last"]}
+    out = run_seed(cfg, 0, smoke_prepared)
     assert out["arms"]["calm"]["score"] == out["arms"]["scratch"]["score"]
     value = out["statistics"][spec.comparator.statistic]
     assert value <= 0.0 and not spec.comparator.holds(value)
     assert spec.null_value == 0.0 and not spec.comparator.holds(spec.null_value)
 
 
-def test_pretraining_check_and_per_arm_grids():
+def test_mechanism_checks_and_per_arm_grids():
     spec = SPECS[0]
-    check = next(c for c in spec.checks if c.name == "pretrain_ce_below_uniform")
-    assert check.evaluate([0.86])["passed"] is False and check.evaluate([1.2])["passed"] is True
+    checks = {c.name: c for c in spec.checks}
+    assert checks["pretrain_plateau"].evaluate([0.3])["passed"] is False
+    assert checks["pretrain_plateau"].evaluate([0.03])["passed"] is True
+    assert checks["pretraining_acted"].evaluate([0.1])["passed"] is False
+    assert checks["data_reward_learning"].evaluate([0.0, 0.01])["passed"] is False
     quick = spec.tiers["quick"]
     assert quick["lr_grid_size"] == 3 and quick["calm_lr_center"] != quick["scratch_lr_center"]
+    with pytest.raises(ValueError, match="unknown config"):
+        from icml26.methods.calm.experiments import _cfg
+        _cfg(pretrain_step=3)

@@ -363,7 +363,7 @@ def _cfg(**kw: Any) -> dict:
             "neural_axis": "bidirectional", "batch_size": 8, "train_neurons": 16, "lr": 3e-3,
             "pretrain_steps": 300, "finetune_steps": 60, "baseline_steps": 200, "ridge_alpha": 1.0,
             "calm_lr_center": 1e-3, "scratch_lr_center": 3e-3, "nlinear_lr_center": 3e-3,
-            "tsmixer_lr_center": 1e-3, "gru_lr_center": 3e-3, "poco_lr_center": 1e-3, "lr_grid_size": 3,
+            "tsmixer_lr_center": 1e-2, "gru_lr_center": 3e-3, "poco_lr_center": 1e-3, "lr_grid_size": 3,
             "arms": list(ARMS)}
     unknown = set(kw) - set(base) - {"null"}
     if unknown:

@@ -115,19 +115,19 @@ class LearnedTokenizer(nn.Module):
 
     # ---------------------------------------------------------------------------------------- quantisers
     def _fsq(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bounded latent u = (tanh z + 1)/2 (L-1) in [0, L-1], rounded (straight-through) to the integer grid;
+        returns the latent rescaled to [-1, 1] and the code index sum_i q_i * prod_{j<i} L_j."""
         L = torch.tensor(self.levels, dtype=z.dtype, device=z.device)
-        half = (L - 1) / 2
-        bounded = torch.tanh(z) * half  # in [-(L-1)/2, (L-1)/2]
-        q = bounded + (torch.round(bounded) - bounded).detach()
-        idx = ((torch.round(bounded) + half).long() * self.basis).sum(-1)
-        return q / half.clamp_min(1), idx
+        u = (torch.tanh(z) + 1) / 2 * (L - 1)
+        q = u + (torch.round(u) - u).detach()
+        idx = (torch.round(u).long() * self.basis).sum(-1)
+        return q / (L - 1) * 2 - 1, idx
 
     def _fsq_grid(self) -> torch.Tensor:
-        """(K, d) normalised latent of every FSQ code, in index order."""
+        """(K, d) rescaled latent of every FSQ code, in index order."""
         idx = torch.arange(self.K, device=self.basis.device)
         digits = torch.stack([(idx // b) % lv for b, lv in zip(self.basis.tolist(), self.levels)], -1).float()
-        half = (torch.tensor(self.levels, device=idx.device).float() - 1) / 2
-        return (digits - half) / half.clamp_min(1)
+        return digits / (torch.tensor(self.levels, device=idx.device).float() - 1) * 2 - 1
 
     def _nearest(self, z: torch.Tensor) -> torch.Tensor:
         return torch.cdist(z, self.embed).argmin(1)

@@ -51,3 +51,21 @@ def r2_reference(pred: np.ndarray, target: np.ndarray) -> float:
     ss_res = float(((target - pred) ** 2).sum())
     ss_tot = float(((target - target.mean(0)) ** 2).sum())
     return 1.0 - ss_res / ss_tot
+
+
+def ar2_calcium_loop(spikes: np.ndarray, g1: float, g2: float) -> np.ndarray:
+    """c_t = g1 * c_{t-1} + g2 * c_{t-2} + s_t (zero initial state), one neuron at a time; spikes (N, T)."""
+    c = np.zeros(spikes.shape, dtype=float)
+    for n in range(spikes.shape[0]):
+        p1 = p2 = 0.0
+        for t in range(spikes.shape[1]):
+            cur = g1 * p1 + g2 * p2 + spikes[n, t]
+            c[n, t] = cur
+            p1, p2 = cur, p1
+    return c
+
+
+def percentile_at(f: np.ndarray, centre: int, window: int, q: float) -> np.ndarray:
+    """The q-th percentile of each row of f over the centred window [centre - window//2, centre + window//2]."""
+    half = window // 2
+    return np.array([np.percentile(row[max(0, centre - half):centre + half + 1], q) for row in f])
