@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ...core.logging import log_metrics
 from ...core.progress import progress
@@ -99,18 +100,45 @@ def evaluate_mae(model: OmniMAE, chunks, n: int, cache: TokenCache, *, batch: in
 
 
 @torch.no_grad()
-def embeddings(model: OmniMAE, chunks, n: int, cache: TokenCache, *, batch: int = 16) -> np.ndarray:
-    """(n, E) mean-pooled encoder features of every chunk, no masking."""
+def embeddings(model: OmniMAE, chunks, n: int, cache: TokenCache, *, batch: int = 16, regions: int = 1
+               ) -> np.ndarray:
+    """(n, regions**3 * E) pooled encoder features of every chunk, no masking.
+
+    ``regions = 1`` is global average pooling over the valid patch tokens (the paper's ``global_pool``);
+    ``regions = r`` splits the grid into r^3 equal boxes and mean-pools the tokens whose patch centre lies in each
+    box (an empty box gives zeros), concatenated: the same readout for every patching, and one that keeps *where*
+    activity is, which is what a brain state is made of (a global mean of position-mixed tokens largely loses it).
+    """
+    if not (isinstance(regions, int) and regions >= 1):
+        raise ValueError(f"regions must be a positive integer, got {regions!r}")
     device = next(model.parameters()).device
     model.eval()
     out = []
+    grid = torch.tensor(model.grid, dtype=torch.float32, device=device)
     for i in range(0, n, batch):
         idx = np.arange(i, min(i + batch, n))
         x = chunks(idx).to(device)
-        h, tokens = model.encode(x, _to(cache.tokens(idx), device))
-        v = tokens.valid[..., None].to(h.dtype)
-        out.append(((h[:, 1:] * v).sum(1) / v.sum(1).clamp_min(1)).cpu())
+        tokens = _to(cache.tokens(idx), device)
+        h, tokens = model.encode(x, tokens)
+        h = h[:, 1:]
+        size = (model.cfg.patch_size * 2 ** tokens.scale.clamp_min(0)).float()
+        centre = tokens.coords.float() + size[..., None] / 2
+        box = (centre / grid * regions).long().clamp(0, regions - 1)  # (B, N, 3) box index per axis
+        region = (box[..., 0] * regions + box[..., 1]) * regions + box[..., 2]
+        onehot = F.one_hot(region, regions ** 3).to(h.dtype) * tokens.valid[..., None].to(h.dtype)  # (B, N, R)
+        pooled = torch.einsum("bnr,bne->bre", onehot, h) / onehot.sum(1)[..., None].clamp_min(1)
+        out.append(pooled.flatten(1).cpu())
     model.train()
+    return torch.cat(out).numpy()
+
+
+def raw_features(chunks, n: int, *, pool: int = 4, batch: int = 32) -> np.ndarray:
+    """(n, T * (D/pool) * (H/pool) * (W/pool)) average-pooled raw chunks: the plain baseline readout showing that
+    a label is linearly decodable from the data at all (no model)."""
+    out = []
+    for i in range(0, n, batch):
+        x = chunks(np.arange(i, min(i + batch, n)))
+        out.append(F.avg_pool3d(x.float(), pool).flatten(1).cpu())
     return torch.cat(out).numpy()
 
 
