@@ -87,7 +87,7 @@ def test_frs_picks_top_channels_and_random_ablation_differs():
     assert len(Ur) == 8 and set(Ur.tolist()) != set(U.tolist())
 
 
-@pytest.mark.parametrize("update", ["lora", "full"])
+@pytest.mark.parametrize("update", ["lora", "full", "decoder"])
 def test_guidance_weight_zero_is_plain_finetuning(update):
     torch.manual_seed(0)
     large, small = PromptableSegmenter(SMALL), PromptableSegmenter(SMALL)
@@ -100,13 +100,14 @@ def test_guidance_weight_zero_is_plain_finetuning(update):
                          channels=torch.arange(4), **common)
     sd_p, sd_o, sd_g = plain.state_dict(), guided_off.state_dict(), guided_on.state_dict()
     assert all(torch.equal(sd_p[k], sd_o[k]) for k in sd_p)
-    assert any(not torch.equal(sd_p[k], sd_g[k]) for k in sd_p)
+    # guidance acts on the encoder's attention: it moves LoRA and full updates, and cannot reach a frozen encoder
+    assert any(not torch.equal(sd_p[k], sd_g[k]) for k in sd_p) == (update != "decoder")
 
 
 @pytest.mark.parametrize("kw,field", [(dict(lambda_g=-1.0), "lambda_g"), (dict(k_frac=0.0), "k_frac"),
                                       (dict(m_samples=1), "m_samples"), (dict(frs_features="x"), "frs_features"),
                                       (dict(update="x"), "update"), (dict(lora_rank=0), "lora_rank"),
-                                      (dict(lambda_p=-0.1), "lambda_p")])
+                                      (dict(lambda_p=-0.1), "lambda_p"), (dict(lambda_sp=-1.0), "lambda_sp")])
 def test_config_rejects_bad_values(kw, field):
     with pytest.raises(ValueError, match=field):
         SherpaConfig(**kw)
@@ -118,10 +119,117 @@ def test_null_arms_cannot_pass_the_comparators():
     from icml26.methods.sherpa import experiments as ex
 
     prepared = {"tuning": {"lr": {"chosen": {"lora": 3e-3, "full_ft": 3e-3}},
-                           "lambda_g": {"chosen": {"sherpa": 0.0, "kd_full": 0.0}}}}
+                           "weight": {"chosen": {"sherpa": 0.0, "kd_full": 0.0}}}}
     res = ex.run_seed({**ex.TIERS["smoke"], "arms": ["sherpa", "lora"]}, 0, prepared)
     assert res["statistics"]["dice_gain_vs_lora"] == 0.0
     assert not ex.SPECS[0].comparator.holds(res["statistics"]["dice_gain_vs_lora"])
     res = ex.run_seed({**ex.TIERS["smoke"], "arms": ["sherpa", "full_ft"], "sherpa_update": "full"}, 0, prepared)
     assert res["statistics"]["retention_gain_vs_full_ft"] == 0.0
     assert not ex.SPECS[1].comparator.holds(res["statistics"]["retention_gain_vs_full_ft"])
+
+
+def test_decoder_only_leaves_the_image_encoder_untouched():
+    torch.manual_seed(0)
+    model = PromptableSegmenter(SMALL)
+    out = finetune(model, nuclei_batch(16, 2), steps=3, batch=4, lr=1e-2, seed=0, cfg=SherpaConfig(update="decoder"))
+    before, after = model.state_dict(), out.state_dict()
+    enc = [k for k in before if k.startswith(("blocks.", "patch_embed.", "pos"))]
+    assert enc and all(torch.equal(before[k], after[k]) for k in enc)
+    assert not torch.equal(before["hyper.0.weight"], after["hyper.0.weight"])
+
+
+def test_l2sp_penalty_is_the_squared_distance_to_the_start_and_pulls_weights_back():
+    from icml26.methods.sherpa.method import l2sp_penalty
+
+    a, b = torch.tensor([1.0, 2.0]), torch.tensor([[0.5]])
+    assert l2sp_penalty([a + torch.tensor([3.0, -1.0]), b + 2], [a, b]).item() == pytest.approx(9 + 1 + 4)
+    torch.manual_seed(0)
+    model, data = PromptableSegmenter(SMALL), nuclei_batch(16, 3)
+    common = dict(steps=4, batch=4, lr=1e-2, seed=1)
+
+    def drift(m):
+        return sum(((p - q) ** 2).sum() for p, q in zip(m.parameters(), model.parameters())).item()
+
+    plain = finetune(model, data, cfg=SherpaConfig(update="full"), **common)
+    pulled = finetune(model, data, cfg=SherpaConfig(update="full", lambda_sp=100.0), **common)
+    assert drift(pulled) < drift(plain)
+
+
+def test_finetune_rejects_bad_channels_before_training():
+    model = PromptableSegmenter(SMALL)
+    for bad in (torch.tensor([0, SMALL.dim]), torch.tensor([], dtype=torch.long), torch.tensor([-1])):
+        with pytest.raises(ValueError, match="channels"):
+            finetune(model, nuclei_batch(4, 0), steps=1, batch=2, lr=1e-3, seed=0, cfg=SherpaConfig(),
+                     guide=model, channels=bad)
+
+
+def test_pretraining_resumes_after_a_kill_exactly(tmp_path, monkeypatch):
+    from icml26.methods.sherpa import pretrain
+
+    monkeypatch.setattr(pretrain, "CHECKPOINT_EVERY", 2)
+    monkeypatch.setattr(pretrain, "_monitor", lambda model, n=64: {})
+    kw = dict(steps=4, batch=2, lr=1e-3, seed=3)
+    whole = pretrain.train_general(SMALL, **kw, checkpoint=tmp_path / "a.ckpt")
+    real, calls = pretrain.general_batch, []
+
+    def dying(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(pretrain, "general_batch", dying)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain.train_general(SMALL, **kw, checkpoint=tmp_path / "b.ckpt")
+    assert torch.load(tmp_path / "b.ckpt", weights_only=True)["step"] == 2
+    monkeypatch.setattr(pretrain, "general_batch", real)
+    resumed = pretrain.train_general(SMALL, **kw, checkpoint=tmp_path / "b.ckpt")
+    sa, sb = whole.state_dict(), resumed.state_dict()
+    assert all(torch.allclose(sa[k], sb[k], atol=1e-6) for k in sa)
+
+
+def test_committed_weights_load_without_building(monkeypatch):
+    from icml26.methods.sherpa import pretrain
+
+    def no_build(*a, **k):
+        raise AssertionError("pretrained() tried to rebuild committed weights")
+
+    monkeypatch.setattr(pretrain, "train_general", no_build)
+    for name in ("small", "large"):
+        assert (pretrain.WEIGHTS_DIR / pretrain.weights_name(name, steps=20)).exists()
+        assert isinstance(pretrain.pretrained(name, steps=20), PromptableSegmenter)
+    with pytest.raises(ValueError, match="small"):
+        pretrain.pretrained("huge")
+
+
+def test_general_variants_and_mix_and_bad_variant():
+    b = general_batch(6, 0, "mix")
+    assert b.image.shape == (6, 1, 32, 32)
+    assert all(b.mask[i, int(b.point[i, 0]), int(b.point[i, 1])] == 1 for i in range(6))
+    with pytest.raises(ValueError, match="variant"):
+        general_batch(2, 0, "foggy")
+
+
+def test_stardist_held_out_image_or_a_clear_error(monkeypatch):
+    import importlib.util
+
+    from icml26.core.assets import MissingAssetError
+    from icml26.methods.sherpa.data import stardist_batch
+
+    with pytest.raises(ValueError, match="downsample"):
+        stardist_batch(downsample=0)
+    if importlib.util.find_spec("stardist") is not None:
+        b = stardist_batch()
+        assert len(b) > 100 and b.image.shape[1:] == (1, 32, 32)
+        assert all(b.mask[i, int(b.point[i, 0]), int(b.point[i, 1])] == 1 for i in range(len(b)))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(MissingAssetError, match="pip install --no-deps stardist"):
+        stardist_batch()
+
+
+def test_example_figure_round_trips_masks():
+    from icml26.methods.sherpa import experiments as ex
+
+    m = nuclei_batch(1, 0).mask[0]
+    packed = ex._pack_mask(m)
+    assert torch.equal(torch.tensor([c == "1" for c in packed]).reshape(32, 32).float(), m)

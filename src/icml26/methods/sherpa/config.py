@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 FRS_FEATURES = ("qk", "hidden", "random")
-UPDATES = ("lora", "full")
+UPDATES = ("lora", "full", "decoder")
 
 
 @dataclass
@@ -21,7 +21,7 @@ class SherpaConfig:
     the large model's queries/keys at ``large_layer`` by Fisher ratio between foreground and background tokens (FRS),
     and A_L^U = softmax(Q_L[:, U] K_L[:, U]^T / sqrt(k)) the large model's attention restricted to U.
 
-    ``lambda_g = 0`` and ``lambda_p = 0`` is plain fine-tuning (LoRA or full, by ``update``); ``k_frac = 1`` is
+    ``lambda_g = 0``, ``lambda_p = 0`` and ``lambda_sp = 0`` is plain fine-tuning (LoRA or full, by ``update``); ``k_frac = 1`` is
     attention distillation on all channels (no FRS).
     """
 
@@ -39,7 +39,11 @@ class SherpaConfig:
     small_layer: int = field(default=-1, metadata={"help": "guiding layer of the small encoder (RECON: last)"})
     update: str = field(default="lora", metadata={
         "help": "'lora': LoRA on the encoder's qkv and projections plus a trainable mask decoder (SAM-PEFT style); "
-                "'full': every weight"})
+                "'full': every weight; 'decoder': the image encoder frozen, neck, prompt encoder and mask decoder "
+                "trained (decoder-only baseline)"})
+    lambda_sp: float = field(default=0.0, metadata={
+        "help": "L2-SP weight (Li et al. 2018): lambda_sp * sum ||theta - theta_0||^2 over the trainable weights, "
+                "theta_0 the pretrained values (a baseline, not part of SHERPA; 0 = off)"})
     lora_rank: int = field(default=4, metadata={"help": "LoRA rank (notes: r = 4)"})
 
     def __post_init__(self) -> None:
@@ -47,6 +51,8 @@ class SherpaConfig:
             raise ValueError(f"lambda_g must be >= 0, got {self.lambda_g!r}")
         if not self.lambda_p >= 0:
             raise ValueError(f"lambda_p must be >= 0, got {self.lambda_p!r}")
+        if not self.lambda_sp >= 0:
+            raise ValueError(f"lambda_sp must be >= 0, got {self.lambda_sp!r}")
         if not 0 < self.k_frac <= 1:
             raise ValueError(f"k_frac must be in (0, 1], got {self.k_frac!r}")
         if not (isinstance(self.m_samples, int) and self.m_samples >= 2):

@@ -76,7 +76,14 @@ def _finish(rng, img, target) -> tuple:
 
 def general_sample(rng: np.random.Generator, variant: str = "base") -> tuple:
     """One general scene: textured background, 1-4 objects (ellipse, rectangle, triangle, ring, star) with their own
-    intensity and texture, later objects occluding earlier ones; the target is one object's visible part."""
+    intensity and texture, later objects occluding earlier ones; the target is one object's visible part.
+
+    ``variant`` is one of ``GENERAL_VARIANTS`` or ``"mix"`` (a variant drawn uniformly per image: the pretraining
+    distribution, so that every suite variant is general ability the pretrained model has)."""
+    if variant == "mix":
+        variant = GENERAL_VARIANTS[rng.integers(len(GENERAL_VARIANTS))]
+    elif variant not in GENERAL_VARIANTS:
+        raise ValueError(f"variant must be one of {GENERAL_VARIANTS} or 'mix', got {variant!r}")
     n_obj = {"clutter": rng.integers(5, 8), "small": rng.integers(2, 5)}.get(variant, rng.integers(1, 5))
     scale = 0.5 if variant == "small" else 1.0
     contrast = 0.15 if variant == "lowlight" else 1.0
@@ -138,3 +145,60 @@ def general_batch(n: int, seed: int, variant: str = "base") -> Batch:
 def nuclei_batch(n: int, seed: int) -> Batch:
     rng = np.random.default_rng(seed)
     return make_batch([nuclei_sample(rng) for _ in range(n)])
+
+
+STARDIST_INSTALL = "pip install --no-deps stardist==0.9.2"
+
+
+def stardist_batch(*, downsample: int = 3, min_area: int = 6) -> Batch:
+    """The real stardist nuclei image (``img2d.tif``, 512 x 512 fluorescence, 125 annotated nuclei in ``mask2d.tif``)
+    as a held-out check of the nuclei task: area-averaged by ``downsample`` (3: nuclei become ~7 px across, the size
+    of the generated ones), then one 32 x 32 window per nucleus of at least ``min_area`` pixels, centred on it where
+    the border allows; the prompt is the nucleus pixel nearest its centroid, the target its instance mask.
+
+    Needs the stardist wheel for its data files only (``pip install --no-deps stardist``; no TensorFlow); the TIFFs
+    are read with Pillow."""
+    import importlib.util
+    from pathlib import Path
+
+    from PIL import Image
+
+    from ...core.assets import MissingAssetError
+
+    if not (isinstance(downsample, int) and downsample >= 1):
+        raise ValueError(f"downsample must be a positive integer, got {downsample!r}")
+    # find the package without importing it: importing stardist pulls in scikit-image and TensorFlow-era code
+    spec = importlib.util.find_spec("stardist")
+    folder = Path(spec.origin).parent / "data" / "images" if spec is not None and spec.origin else None
+    if folder is None or not (folder / "img2d.tif").exists():
+        raise MissingAssetError("the stardist sample image (img2d.tif) is not installed (needed for the real nuclei "
+                                f"image of the sherpa held-out check). Install it with: {STARDIST_INSTALL}")
+    img = np.asarray(Image.open(folder / "img2d.tif"), dtype=np.float32)
+    lab = np.asarray(Image.open(folder / "mask2d.tif")).astype(np.int64)
+    h = (img.shape[0] // downsample) * downsample
+    w = (img.shape[1] // downsample) * downsample
+
+    def pool(a):
+        return a[:h, :w].reshape(h // downsample, downsample, w // downsample, downsample).mean((1, 3))
+
+    small = pool(img)
+    samples = []
+    for j in np.unique(lab):
+        if j == 0:
+            continue
+        m = pool((lab == j).astype(np.float32)) > 0.5
+        if m.sum() < min_area:
+            continue
+        ys, xs = np.nonzero(m)
+        cy, cx = ys.mean(), xs.mean()
+        r0 = int(np.clip(round(cy) - SIZE // 2, 0, small.shape[0] - SIZE))
+        c0 = int(np.clip(round(cx) - SIZE // 2, 0, small.shape[1] - SIZE))
+        win, target = small[r0:r0 + SIZE, c0:c0 + SIZE], m[r0:r0 + SIZE, c0:c0 + SIZE]
+        if target.sum() < min_area:
+            continue
+        ty, tx = np.nonzero(target)
+        k = int(np.argmin((ty - (cy - r0)) ** 2 + (tx - (cx - c0)) ** 2))
+        point = np.array([ty[k], tx[k]], np.float32)
+        box = np.array([ty.min(), tx.min(), ty.max(), tx.max()], np.float32)
+        samples.append((win, target, point, box))
+    return make_batch(samples)

@@ -58,7 +58,7 @@ def frs_channels(model: PromptableSegmenter, batch: Batch, cfg: SherpaConfig, *,
     elif cfg.frs_features == "hidden":
         scores = fisher_ratio(block.last_in.flatten(0, 1), labels)
     else:
-        scores = torch.rand(d, generator=torch.Generator().manual_seed(seed))
+        scores = torch.rand(d, generator=torch.Generator().manual_seed(seed)).to(block.last_q.device)
     return scores.topk(k).indices.sort().values, scores
 
 
@@ -76,13 +76,31 @@ def attention_kl(target: torch.Tensor, pred: torch.Tensor, eps: float = 1e-8) ->
 def complement_penalty(model: PromptableSegmenter, layer: int, channels: torch.Tensor) -> torch.Tensor:
     """||Delta W_q[U_perp]||^2 + ||Delta W_k[U_perp]||^2 of the guided layer (LoRA deltas; 0 for full updates)."""
     attn = model.blocks[layer].attn
-    out = torch.zeros(())
+    out = torch.zeros((), device=attn.proj.weight.device)
     for lin in (attn.q, attn.k):
         if isinstance(lin, LoRALinear):
-            keep = torch.ones(lin.base.out_features, dtype=torch.bool)
+            keep = torch.ones(lin.base.out_features, dtype=torch.bool, device=out.device)
             keep[channels] = False
             out = out + (lin.delta()[keep] ** 2).sum()
     return out
+
+
+def l2sp_penalty(params: list[torch.Tensor], anchors: list[torch.Tensor]) -> torch.Tensor:
+    """L2-SP (Li et al. 2018): sum over tensors of ||theta - theta_0||^2, theta_0 the pretrained (starting) values."""
+    return sum(((p - a) ** 2).sum() for p, a in zip(params, anchors))
+
+
+def trainable_parameters(model: PromptableSegmenter, cfg: SherpaConfig, *, generator: torch.Generator | None = None
+                         ) -> list[torch.nn.Parameter]:
+    """Set ``requires_grad`` by ``cfg.update`` (adding LoRA adapters for 'lora') and return the trained tensors."""
+    if cfg.update == "lora":
+        return add_lora(model, cfg.lora_rank, generator=generator)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    if cfg.update == "decoder":
+        for p in [model.patch_embed.weight, model.patch_embed.bias, model.pos, *model.blocks.parameters()]:
+            p.requires_grad_(False)
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def finetune(model: PromptableSegmenter, data: Batch, *, steps: int, batch: int, lr: float, seed: int,
@@ -93,18 +111,22 @@ def finetune(model: PromptableSegmenter, data: Batch, *, steps: int, batch: int,
     With ``guide`` (the fine-tuned small model, frozen) and ``cfg.lambda_g > 0``, adds the guidance KL between the
     guide's attention at ``cfg.small_layer`` and this model's attention at ``cfg.large_layer`` restricted to
     ``channels`` (all channels when None). ``cfg.update`` picks LoRA (encoder frozen + LoRA, decoder trainable) or
-    full fine-tuning. ``lambda_g = lambda_p = 0`` is exactly plain fine-tuning.
+    full fine-tuning, or the decoder only; ``cfg.lambda_sp > 0`` adds the L2-SP pull towards the starting weights.
+    ``lambda_g = lambda_p = lambda_sp = 0`` is exactly plain fine-tuning.
     """
+    if guide is not None and guide.size.image_size != model.size.image_size:
+        raise ValueError(f"guide works on {guide.size.image_size}px images, the model on {model.size.image_size}px")
+    if channels is not None and (channels.numel() == 0 or int(channels.max()) >= model.size.dim
+                                 or int(channels.min()) < 0):
+        raise ValueError(f"channels must be non-empty indices in [0, {model.size.dim}), got {channels.tolist()}")
     model = copy.deepcopy(model)
     lora_gen = torch.Generator().manual_seed(seed + 7)  # adapters start the same for every arm of a seed
-    params = add_lora(model, cfg.lora_rank, generator=lora_gen) if cfg.update == "lora" else list(model.parameters())
-    if cfg.update == "full":
-        for p in params:
-            p.requires_grad_(True)
+    params = trainable_parameters(model, cfg, generator=lora_gen)
+    anchors = [p.detach().clone() for p in params] if cfg.lambda_sp > 0 else None
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
-    all_channels = torch.arange(model.size.dim)
-    U = channels if channels is not None else all_channels
+    device = next(model.parameters()).device
+    U = (channels if channels is not None else torch.arange(model.size.dim)).to(device)
     use_guide = guide is not None and cfg.lambda_g > 0
     if use_guide:
         guide.eval()
@@ -121,6 +143,8 @@ def finetune(model: PromptableSegmenter, data: Batch, *, steps: int, batch: int,
             loss = loss + cfg.lambda_g * attention_kl(target, restricted_attention(blk.last_q, blk.last_k, U))
         if cfg.lambda_p > 0 and channels is not None:
             loss = loss + cfg.lambda_p * complement_penalty(model, cfg.large_layer, channels)
+        if anchors is not None:
+            loss = loss + cfg.lambda_sp * l2sp_penalty(params, anchors)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
