@@ -111,14 +111,14 @@ def test_gymnasium_view_of_the_world():
 def test_null_arm_fails_comparator(monkeypatch):
     cfg = ex.SPECS[0].tiers["smoke"]
     lrs = {"pgt": 1e-2, "full_ft": 1e-3, "lora": 3e-3, "bitfit": 3e-3}
-    res = ex.run_arms(cfg, 0, lrs, world.ID)
+    res = ex.run_arms(cfg, 0, lrs, world.ID, arms=("pgt", "prompt", "full_ft"))
     _, stats, checks = ex._stats(res)
     assert checks["policy_frozen"] == 1.0 and all(math.isfinite(v) for v in stats.values() if v == v)
     assert stats["forgetting_pgt"] == 0.0  # measured: theta untouched, same rollouts
     ex._RUNS.clear()
     monkeypatch.setattr(ex, "pgt_tasks", lambda policy, z_ref, collect, cfg, gens:
                         (z_ref, [[{"held_loss": [0.0]}] for _ in z_ref]))
-    null = ex._stats(ex.run_arms(cfg, 0, lrs, world.ID))[1]
+    null = ex._stats(ex.run_arms(cfg, 0, lrs, world.ID, arms=("pgt", "prompt")))[1]
     ex._RUNS.clear()
     assert null["rel_improvement_vs_prompt"] == 0.0
     assert not ex.SPECS[0].comparator.holds(null["rel_improvement_vs_prompt"])

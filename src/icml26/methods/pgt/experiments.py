@@ -219,8 +219,9 @@ def prepare(config: Mapping[str, Any], dyn=world.ID) -> dict:
 def _stats(res: dict) -> tuple[dict, dict, dict]:
     r, extra = res["returns"], res["extra"]
     arms = {arm: {"mean_return": _mean(v)} for arm, v in r.items()}
-    stats = {"rel_improvement_vs_prompt": _rel(r["pgt"], r["prompt"]),
-             "rel_improvement_vs_best_of_5": _rel(r["pgt"], r["best_of_5"])}
+    stats = {"rel_improvement_vs_prompt": _rel(r["pgt"], r["prompt"])}
+    if "best_of_5" in r:
+        stats["rel_improvement_vs_best_of_5"] = _rel(r["pgt"], r["best_of_5"])
     forget = extra["forgetting"]
     for arm in FT_ARMS:
         if arm in r:
