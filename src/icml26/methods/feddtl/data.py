@@ -20,6 +20,9 @@ COLOURS = {"red": (1.0, 0.15, 0.1), "green": (0.15, 0.85, 0.15), "blue": (0.15, 
            "yellow": (1.0, 0.9, 0.1), "purple": (0.65, 0.2, 0.9), "cyan": (0.1, 0.85, 0.9)}
 TEXTURES = ("plain", "striped", "checkered")
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+FEATURE_STYLES = ("clutter", "noise", "dim", "fine", "blur")
+"""Client domains of the feature-shift split (client k renders in style k mod 5); the test set mixes them."""
+SPLITS = ("dirichlet", "pathological", "feature_shift")
 
 
 def compositional_classes() -> list[tuple[str, str, str]]:
@@ -67,9 +70,11 @@ def render_compositional(labels: torch.Tensor, *, size: int = 16, style: str = "
 
     style "clean": black background, small jitter of position, size and colour (the pretraining "web" style).
     style "shifted": the federated task's domain: low-frequency coloured clutter, a dimmer object and pixel noise.
+    The :data:`FEATURE_STYLES` are the feature-shift split's client domains, five variants of "shifted" (same
+    object, different background, contrast, noise or sharpness); "clutter" is "shifted" itself.
     """
-    if style not in ("clean", "shifted"):
-        raise ValueError(f"style must be 'clean' or 'shifted', got {style!r}")
+    if style not in ("clean", "shifted") + FEATURE_STYLES:
+        raise ValueError(f"style must be one of {('clean', 'shifted') + FEATURE_STYLES}, got {style!r}")
     labels = torch.as_tensor(labels, dtype=torch.long)
     if labels.numel() and (labels.min() < 0 or labels.max() >= 108):
         raise ValueError("compositional class ids must be in [0, 108)")
@@ -99,7 +104,21 @@ def render_compositional(labels: torch.Tensor, *, size: int = 16, style: str = "
         return obj.clamp(0, 1)
     low = torch.rand(n, 3, 4, 4, generator=g)
     clutter = F.interpolate(low, size=(size, size), mode="bilinear", align_corners=False) * 0.25
-    img = clutter * (1 - mask[:, None]) + 0.8 * obj + 0.065 * torch.randn(n, 3, size, size, generator=g)
+    noise = torch.randn(n, 3, size, size, generator=g)
+    m = mask[:, None]
+    if style in ("shifted", "clutter", "blur"):
+        img = clutter * (1 - m) + 0.8 * obj + 0.065 * noise
+        if style == "blur":  # separable [1, 2, 1] / 4 smoothing: stripes and checks (2-pixel period) fade
+            k = torch.tensor([0.25, 0.5, 0.25])
+            img = F.conv2d(F.pad(img, (1, 1, 1, 1), mode="replicate"), (k[:, None] * k[None, :]).expand(3, 1, 3, 3),
+                           groups=3)
+    elif style == "noise":       # plain dark background, strong pixel noise
+        img = 0.1 * (1 - m) + 0.8 * obj + 0.16 * noise
+    elif style == "dim":         # low-contrast object on the same clutter
+        img = clutter * (1 - m) + 0.45 * obj + 0.065 * noise
+    else:                        # "fine": high-frequency clutter (8x8 cells instead of 4x4)
+        fine = F.interpolate(torch.rand(n, 3, 8, 8, generator=g), size=(size, size), mode="nearest") * 0.3
+        img = fine * (1 - m) + 0.8 * obj + 0.065 * noise
     return img.clamp(0, 1)
 
 
@@ -209,12 +228,21 @@ def make_task(seed: int, *, n_base: int = 10, n_novel: int = 10, num_clients: in
               classes_per_client: int = 2, size: int = 16) -> FederatedTask:
     """Draw the base/novel classes, render the shifted-domain images and split the training set across clients.
 
-    ``split``: "dirichlet" (label skew Dir(alpha)) or "pathological" (``classes_per_client`` classes each).
+    ``split``: "dirichlet" (label skew Dir(alpha)), "pathological" (``classes_per_client`` classes each) or
+    "feature_shift" (one style per client: client k gets an equal share of every base class rendered in
+    ``FEATURE_STYLES[k % 5]``; validation and test images cycle through the clients' styles, so the test domain
+    is the union of the client domains).
     """
-    if split not in ("dirichlet", "pathological"):
-        raise ValueError(f"split must be 'dirichlet' or 'pathological', got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if n_base < 2 or n_novel < 1 or n_base + n_novel > 108:
         raise ValueError(f"need n_base >= 2, n_novel >= 1 and n_base + n_novel <= 108, got {n_base}, {n_novel}")
+    if split == "feature_shift":
+        if train_per_class < num_clients:
+            raise ValueError(f"the feature-shift split gives every client every class, so train_per_class "
+                             f"({train_per_class}) must be >= num_clients ({num_clients})")
+        return _feature_shift_task(seed, n_base, n_novel, num_clients, train_per_class, val_per_class,
+                                   test_per_class, size)
     g = torch.Generator().manual_seed(10_000 + seed)
     chosen = torch.randperm(108, generator=g)[: n_base + n_novel].tolist()
     base, novel = chosen[:n_base], chosen[n_base:]
@@ -237,9 +265,62 @@ def make_task(seed: int, *, n_base: int = 10, n_novel: int = 10, num_clients: in
                          val_x, val_y, tb_x, tb_y, tn_x, tn_y)
 
 
+def _feature_shift_task(seed: int, n_base: int, n_novel: int, num_clients: int, train_per_class: int,
+                        val_per_class: int, test_per_class: int, size: int) -> FederatedTask:
+    """The feature-shift split (see :func:`make_task`): IID labels, one rendering style per client."""
+    g = torch.Generator().manual_seed(20_000 + seed)
+    chosen = torch.randperm(108, generator=g)[: n_base + n_novel].tolist()
+    base, novel = chosen[:n_base], chosen[n_base:]
+    prompts = [compositional_prompt(compositional_classes()[c]) for c in chosen]
+    styles = [FEATURE_STYLES[k % len(FEATURE_STYLES)] for k in range(num_clients)]
+
+    def render_mixed(classes: list[int], per_class: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        local = torch.arange(len(classes)).repeat_interleave(per_class) + offset
+        glob = torch.tensor(classes).repeat_interleave(per_class)
+        which = torch.arange(len(glob)) % num_clients             # style cycles within every class
+        x = torch.empty(len(glob), 3, size, size)
+        for k in range(num_clients):
+            sel = which == k
+            x[sel] = render_compositional(glob[sel], size=size, style=styles[k], generator=g)
+        return x, local
+
+    client_x, client_y = [], []
+    for k in range(num_clients):  # per class, train_per_class images split as evenly as possible over clients
+        counts = [train_per_class // num_clients + (1 if (c + k) % num_clients < train_per_class % num_clients
+                                                     else 0) for c in range(n_base)]
+        local = torch.cat([torch.full((m,), c, dtype=torch.long) for c, m in enumerate(counts)])
+        glob = torch.tensor(base)[local]
+        client_x.append(render_compositional(glob, size=size, style=styles[k], generator=g))
+        client_y.append(local)
+    val_x, val_y = render_mixed(base, val_per_class, 0)
+    tb_x, tb_y = render_mixed(base, test_per_class, 0)
+    tn_x, tn_y = render_mixed(novel, test_per_class, n_base)
+    return FederatedTask(base, novel, prompts, client_x, client_y, val_x, val_y, tb_x, tb_y, tn_x, tn_y)
+
+
 def label_skew(task: FederatedTask) -> float:
     """Mean total-variation distance between each client's label distribution and the pooled one (0 = IID)."""
     counts = torch.stack([torch.bincount(y, minlength=task.n_base).double() for y in task.client_y])
     pooled = counts.sum(0) / counts.sum()
     local = counts / counts.sum(1, keepdim=True)
     return float(0.5 * (local - pooled).abs().sum(1).mean())
+
+
+def domain_separability(client_features: list[torch.Tensor]) -> float:
+    """How well a client can be told from its inputs: nearest-centroid accuracy of naming an input's client,
+    divided by chance (1 / K). 1 = indistinguishable clients; K = perfectly separable.
+
+    ``client_features``: per client ``(n_k, d)`` features (e.g. pretrained image embeddings). The first half of
+    each client's rows (in order) gives its centroid, the second half is classified, so no row is its own
+    centroid. Under label skew, labels alone make clients separable; the check is meant for the feature-shift
+    split, whose labels are IID, so that separability there comes from the clients' styles.
+    """
+    if len(client_features) < 2 or any(len(f) < 2 for f in client_features):
+        raise ValueError("need at least 2 clients with at least 2 rows each")
+    centroids = torch.stack([f[0::2].double().mean(0) for f in client_features])
+    correct = total = 0
+    for k, f in enumerate(client_features):
+        held = f[1::2].double()
+        correct += int((torch.cdist(held, centroids).argmin(1) == k).sum())
+        total += len(held)
+    return correct / total * len(client_features)

@@ -34,7 +34,7 @@ from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import LogGrid, tune_per_arm
 from .baselines import run_fedclip, run_promptfl
 from .config import EncoderConfig, FedDTLConfig
-from .data import digit_prompt, label_skew, make_task, sklearn_digits_images
+from .data import digit_prompt, domain_separability, label_skew, make_task, sklearn_digits_images
 from .model import load_pretrained, zero_shot_accuracy
 from .reference import run_federation, zero_shot
 
@@ -55,13 +55,21 @@ def _encoder(encoder_json: str):
     return load_pretrained(EncoderConfig(**json.loads(encoder_json)), seed=0)
 
 
+_OPTIONAL_TASK_KEYS = ("classes_per_client",)
+_OPTIONAL_FED_KEYS = ("upload_per_class",)
+"""Keys only the partition/regime specs set; absent keys take make_task's / FedDTLConfig's defaults."""
+
+
 def _fed_cfg(config: Mapping[str, Any], arm: str, lr: float) -> FedDTLConfig:
     decoupled, two_stage = SWITCHES[arm]
-    return FedDTLConfig(lr=lr, decoupled=decoupled, two_stage=two_stage, **{k: config[k] for k in _FED_KEYS})
+    optional = {k: config[k] for k in _OPTIONAL_FED_KEYS if k in config}
+    return FedDTLConfig(lr=lr, decoupled=decoupled, two_stage=two_stage, **{k: config[k] for k in _FED_KEYS},
+                        **optional)
 
 
 def _task(config: Mapping[str, Any], seed: int):
-    return make_task(seed, **{k: config[k] for k in _TASK_KEYS})
+    optional = {k: config[k] for k in _OPTIONAL_TASK_KEYS if k in config}
+    return make_task(seed, **{k: config[k] for k in _TASK_KEYS}, **optional)
 
 
 def _federate(config: Mapping[str, Any], arm: str, lr: float, seed: int, eval_every: int = 0) -> dict:
@@ -111,7 +119,10 @@ def _seed_run(config_json: str, seed: int, lrs_json: str) -> dict:
                 curves[arm] = out["curves"]
                 extra[arm] = {"text_shift": out["text_shift"]}
         arms[arm] = {**res, "seconds": time.perf_counter() - start}
-    return {"arms": arms, "curves": curves, "extra": extra, "label_skew": label_skew(task)}
+    with torch.no_grad():
+        separability = domain_separability([encoder.encode_image(x) for x in task.client_x])
+    return {"arms": arms, "curves": curves, "extra": extra, "label_skew": label_skew(task),
+            "domain_separability": separability}
 
 
 def _run(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
@@ -126,6 +137,7 @@ def _run(config: Mapping[str, Any], seed: int, prepared: Any) -> dict:
     checks = {"text_moved": out["extra"]["feddtl"]["text_shift"],
               "fedlora_text_frozen": out["extra"]["fedlora"]["text_shift"],
               "label_skew": out["label_skew"],
+              "domain_separability": out["domain_separability"],
               "zero_shot_over_chance": min(zs["base_accuracy"] * config["n_base"],
                                            zs["novel_accuracy"] * config["n_novel"]),
               "digits_zero_shot": prepared["digits_zero_shot"],
@@ -183,6 +195,37 @@ _NOTES = ("Tiny ViT/transformer dual encoder pretrained in the room on generated
           "MNIST-5k (no CLIP weights offline); 10 rounds instead of 20; evaluation centralised on held-out images. "
           "FedDTL is reconstructed from paper notes (no official code).")
 
+# Partitions and regimes (issue 12; pre-registered in README.md "Partitions and regimes (v1)"): full tier only,
+# because the room's quick tier (~3 min) is spent on base_gain / novel_gain. Each runs at the quick tier's scale
+# (10 + 10 classes, 5 clients, 10 rounds, same epochs and batch) with the promptfl and fedclip baselines, and
+# changes one thing: the partition or the number of training images per base class.
+_REGIME_BASE = {**TIERS["quick"], "promptfl": True, "fedclip": True}
+_SMOKE_BASE = {**TIERS["smoke"], "ablations": False}
+REGIMES = {
+    "hm_gain_pathological": ({"split": "pathological", "classes_per_client": 2},
+                             "a pathological split: every client holds 2 of the 10 base classes"),
+    "hm_gain_feature_shift": ({"split": "feature_shift"},
+                              "a feature-shift split: IID labels, one rendering style per client"),
+    "hm_gain_few_shot": ({"train_per_class": 8}, "the few-shot regime: 8 training images per base class, Dir(0.1)"),
+    "hm_gain_full_data": ({"train_per_class": 64, "upload_per_class": 16},
+                          "the full-data regime: 64 training images per base class (8x the few-shot regime), "
+                          "Dir(0.1), each client uploading at most 16 embeddings per class"),
+}
+_SMOKE_REGIME = {"hm_gain_pathological": {"split": "pathological", "classes_per_client": 2},
+                 "hm_gain_feature_shift": {"split": "feature_shift"},
+                 "hm_gain_few_shot": {"train_per_class": 4},
+                 "hm_gain_full_data": {"train_per_class": 12, "upload_per_class": 4}}
+_SEPARABLE = MechanismCheck("domain_separability", ">=", 1.3, "clients differ in their inputs: nearest-centroid "
+                            "identification of an image's client from pretrained embeddings, over chance (IID "
+                            "control about 1.0)")
+
+
+def _regime_checks(spec_id: str) -> tuple[MechanismCheck, ...]:
+    if spec_id != "hm_gain_feature_shift":
+        return _CHECKS
+    return tuple(c for c in _CHECKS if c.name != "label_skew") + (_SEPARABLE,)
+
+
 SPECS = [
     ExperimentSpec(
         id="base_gain", room=ROOM,
@@ -203,4 +246,17 @@ SPECS = [
         comparator=Comparator("novel_gain", ">=", 0.01, "novel acc(feddtl) - novel acc(fedlora) >= 0.01"),
         run=_run, tiers=TIERS, seeds=SEEDS, prepare=prepare, plot=_plot, notes=_NOTES, checks=_CHECKS,
         null_value=0.0),
+] + [
+    ExperimentSpec(
+        id=spec_id, room=ROOM,
+        claim=f"FedDTL beats FedLoRA on the harmonic mean of base and novel accuracy under {words}.",
+        paper_ref="arXiv 2605.27900, main tables (base / novel / HM per partition: Dirichlet, pathological, "
+                  "feature shift; few-shot and full-data regimes), FedDTL above every baseline",
+        metric="HM of base and novel test accuracy, FedDTL minus FedLoRA, paired per seed",
+        arms=("feddtl", "fedlora", "zero_shot", "promptfl", "fedclip"), baseline="fedlora",
+        comparator=Comparator("hm_gain", ">=", 0.01, "HM(feddtl) - HM(fedlora) >= 0.01"),
+        run=_run, tiers={"smoke": {**_SMOKE_BASE, **_SMOKE_REGIME[spec_id]}, "full": {**_REGIME_BASE, **change}},
+        seeds={"smoke": 1, "full": 5}, prepare=prepare, plot=_plot, notes=_NOTES,
+        checks=_regime_checks(spec_id), null_value=0.0)
+    for spec_id, (change, words) in REGIMES.items()
 ]
