@@ -39,7 +39,9 @@ from ...core.logging import log_metrics
 from ...core.progress import progress
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import LogGrid, tune_per_arm
+from ...core.adapters import AdapterConfig, LoRALinear, inject_adapters
 from .baselines import build_baseline
+from .decoding import ContrastiveEncoder, DecodingHead, PatchGRU, PatchMLP
 from .config import CalMConfig
 from .model import CalM, fit_tokenizer, patchify, poco_score, r2_score, ridge_fit, ridge_predict
 from .simulator import Session, SimConfig, simulate_session
@@ -371,6 +373,255 @@ def _cfg(**kw: Any) -> dict:
     return {**base, **kw}
 
 
+# ------------------------------------------------------------------------------------------- decoding claim
+DECODE_ARMS = ("calm_head", "calm_lora", "ridge_raw", "mlp", "gru_dec", "cebra")
+DECODE_BASELINES = ("ridge_raw", "mlp", "gru_dec", "cebra")
+DECODE_TUNED = {"calm_head": "lr", "calm_lora": "lr", "ridge_raw": "alpha", "mlp": "lr", "gru_dec": "lr",
+                "cebra": "alpha"}
+LABELS_INFORMATIVE_MIN = 0.2
+"""labels_informative: ridge on raw dF/F with all labels must reach this R^2 (seed mean): the behaviour is decodable."""
+
+
+def _decode_data(sess: Session, config: Mapping[str, Any]) -> dict:
+    """Per-patch inputs and targets of one target session: patch means (T, N), z-scored behaviour (T,), the raw
+    windows for the backbone (n_win, N, W) and the number of train patches."""
+    P, W = config["patch_len"], config["max_patches"] * config["patch_len"]
+    if config["target_train_frames"] % W:
+        raise ValueError(f"target_train_frames ({config['target_train_frames']}) must be a multiple of the backbone "
+                         f"window max_patches * patch_len = {W} so train and test windows do not overlap")
+    n_win = sess.dff.shape[1] // W
+    dff = torch.as_tensor(sess.dff[:, :n_win * W])
+    means = patchify(dff, P).mean(-1).T.contiguous()  # (T, N)
+    y = patchify(torch.as_tensor(sess.behavior[:n_win * W]), P).mean(-1).float()
+    n_train = config["target_train_frames"] // P
+    y = (y - y[:n_train].mean()) / y[:n_train].std().clamp_min(1e-6)
+    windows = dff.reshape(dff.shape[0], n_win, W).transpose(0, 1)  # (n_win, N, W)
+    return {"x": means, "y": y, "windows": windows, "n_train": n_train}
+
+
+def _r2(pred: torch.Tensor, y: torch.Tensor) -> float:
+    return r2_score(pred.detach().cpu().numpy()[:, None], y.cpu().numpy()[:, None])
+
+
+def _adam(params, steps: int, lr: float, loss_fn) -> None:
+    opt = torch.optim.Adam(params, lr=lr)
+    for _ in range(steps):
+        loss = loss_fn()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _decode_arm(arm: str, value: float, d: dict, n_lab: int, backbone: CalM | None, config: Mapping[str, Any],
+                seed: int) -> float:
+    """Test R^2 of one decoder trained with the first ``n_lab`` train patches labelled (inputs of every train patch
+    may be used, as a self-supervised learner would); ``value`` is its tuned rate or ridge penalty."""
+    torch.manual_seed(seed)
+    x, y, ntr, steps = d["x"], d["y"], d["n_train"], config["decode_steps"]
+    lab = slice(0, n_lab)
+    if arm == "ridge_raw":
+        W = ridge_fit(x[lab].numpy(), y[lab, None].numpy(), value)
+        return r2_score(ridge_predict(W, x[ntr:].numpy()), y[ntr:, None].numpy())
+    if arm == "mlp":
+        m = PatchMLP(x.shape[1])
+        _adam(m.parameters(), steps, value, lambda: nn_mse(m(x[lab]), y[lab]))
+        return _r2(m(x[ntr:]), y[ntr:])
+    if arm == "gru_dec":
+        m = PatchGRU(x.shape[1])
+        _adam(m.parameters(), steps, value, lambda: nn_mse(m(x[:ntr])[lab], y[lab]))
+        return _r2(m(x)[ntr:], y[ntr:])
+    if arm == "cebra":
+        enc = ContrastiveEncoder(x.shape[1])
+        gen = torch.Generator().manual_seed(seed)
+        _adam(enc.parameters(), steps, 3e-3,
+              lambda: enc.loss(x[:ntr], torch.randint(0, ntr - 1, (min(64, ntr - 1),), generator=gen)))
+        with torch.no_grad():
+            z = enc(x)
+        W = ridge_fit(z[lab].numpy(), y[lab, None].numpy(), value)
+        return r2_score(ridge_predict(W, z[ntr:].numpy()), y[ntr:, None].numpy())
+    if arm in ("calm_head", "calm_lora"):
+        model = copy.deepcopy(backbone)
+        inputs = model.inputs_from_traces(d["windows"])  # (n_win, N, T_p)
+        head = DecodingHead(config["d_model"], config["n_heads"])
+        n_train_win = -(-n_lab // config["max_patches"])  # only windows that hold a labelled patch enter the loss
+        if arm == "calm_head":
+            with torch.no_grad():
+                h = model.features(inputs)
+            params, feats = list(head.parameters()), lambda: h
+        else:
+            inject_adapters(model, AdapterConfig(r=4, alpha=8.0, target_modules=r".*mlp\.[02]"),
+                            lambda lin, r, a, name: LoRALinear(lin, r, a))
+            params = list(head.parameters()) + [p for p in model.parameters() if p.requires_grad]
+            feats = lambda: model.features(inputs[:n_train_win])  # noqa: E731
+        _adam(params, steps, value, lambda: nn_mse(head(feats()[:n_train_win]).flatten()[lab], y[lab]))
+        with torch.no_grad():
+            pred = head(model.features(inputs)).flatten()
+        return _r2(pred[ntr:], y[ntr:])
+    raise ValueError(f"unknown decoding arm {arm!r}")
+
+
+def nn_mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(a, b)
+
+
+def _decode_setup(config: Mapping[str, Any], seed: int) -> tuple[CalM, list[dict], float]:
+    pre, tgt = _sessions(config, seed)
+    tok = _tokenizer(pre, config, seed)
+    backbone, losses = _pretrain(pre, tok, config, seed)
+    acted = _unigram_entropy(tok, pre, config) - float(np.mean(losses[-max(1, len(losses) // 10):]))
+    return backbone, [_decode_data(s, config) for s in tgt], acted
+
+
+def _n_labels(d: dict, frac: float) -> int:
+    return max(2, int(round(frac * d["n_train"])))
+
+
+def tune_decoders(config: Mapping[str, Any]) -> dict:
+    """Per-arm rate (neural decoders) or ridge penalty (ridge_raw, cebra's readout) by the harness rule on tuning
+    seed 1000: mean test R^2 over its targets and every label fraction."""
+    torch.set_num_threads(1)
+    cache: dict[int, Any] = {}
+
+    def score(arm: str, value: float, seed: int) -> float:
+        if seed not in cache:
+            cache[seed] = _decode_setup(config, seed)
+        backbone, data, _ = cache[seed]
+        return float(np.mean([_decode_arm(arm, value, d, _n_labels(d, f), backbone, config, seed * 100 + i)
+                              for i, d in enumerate(data) for f in config["label_fractions"]]))
+
+    arms = [a for a in DECODE_ARMS if a in config["arms"]]
+    grids = {a: LogGrid(center=config[f"{a}_center"], factor=3.0, size=config["lr_grid_size"],
+                        upper=math.inf if DECODE_TUNED[a] == "alpha" else 1.0) for a in arms}
+    return {"tuning": tune_per_arm(grids, score, mode="max", desc="calm decoders")}
+
+
+def run_decode_seed(config: Mapping[str, Any], seed: int, prepared: Any = None) -> dict:
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    backbone, data, acted = _decode_setup(config, seed)
+    arms: dict[str, dict] = {}
+    for arm in config["arms"]:
+        src = "ridge_raw" if (arm == "calm_head" and config.get("null")) else arm  # null: calm becomes ridge
+        value = float(prepared["tuning"]["chosen"][src]) if prepared else float(config[f"{src}_center"])
+        arms[arm] = {}
+        for f in config["label_fractions"]:
+            r2s = [_decode_arm(src, value, d, _n_labels(d, f), backbone, config, seed * 100 + i)
+                   for i, d in enumerate(data)]
+            arms[arm][f"r2_{int(round(100 * f))}pct"] = float(np.mean(r2s))
+    lo = f"r2_{int(round(100 * min(config['label_fractions'])))}pct"
+    for a in arms:
+        arms[a]["score"] = arms[a][lo]
+    stats = {"wall_s": time.perf_counter() - start}
+    base = [b for b in DECODE_BASELINES if b in arms]
+    if "calm_head" in arms and base:
+        for key in arms["calm_head"]:
+            if key.startswith("r2_"):
+                stats[f"gain_{key[3:]}"] = arms["calm_head"][key] - max(arms[b][key] for b in base)
+        stats["decode_gain_low_label"] = stats[f"gain_{lo[3:]}"]
+    hi = f"r2_{int(round(100 * max(config['label_fractions'])))}pct"
+    checks = {"pretraining_acted": acted}
+    if "ridge_raw" in arms:
+        checks["labels_informative"] = arms["ridge_raw"][hi]
+    log_metrics(seed, **{f"{a}_score": v["score"] for a, v in arms.items()})
+    return {"arms": arms, "statistics": stats, "curves": {}, "checks": checks}
+
+
+def _dcfg(**kw: Any) -> dict:
+    base = {**_cfg(), "target_train_frames": 1280, "target_test_frames": 1280, "label_fractions": [0.05, 0.2, 1.0],
+            "decode_steps": 100, "calm_head_center": 3e-3, "calm_lora_center": 1e-3, "ridge_raw_center": 10.0,
+            "mlp_center": 1e-3, "gru_dec_center": 3e-3, "cebra_center": 1.0, "arms": list(DECODE_ARMS)}
+    for k in ("calm_lr_center", "scratch_lr_center", "nlinear_lr_center", "tsmixer_lr_center", "gru_lr_center",
+              "poco_lr_center", "finetune_steps", "baseline_steps"):
+        base.pop(k)
+    unknown = set(kw) - set(base) - {"null"}
+    if unknown:
+        raise ValueError(f"unknown config keys {sorted(unknown)}")
+    return {**base, **kw}
+
+
+# ------------------------------------------------------------------------------------------- linear-probe claim
+PROBE_ARMS = ("calm_probe", "random_probe", "raw_probe")
+
+
+def _probe_features(arm: str, d: dict, backbone: CalM, random_backbone: CalM) -> np.ndarray:
+    """(T, F) per-patch features: neuron-averaged hidden states of the pretrained or the random-init backbone, or
+    the per-neuron patch means of dF/F."""
+    if arm == "raw_probe":
+        return d["x"].numpy()
+    model = backbone if arm == "calm_probe" else random_backbone
+    with torch.no_grad():
+        h = model.features(model.inputs_from_traces(d["windows"]))  # (n_win, N, T_p, d)
+    return h.mean(1).reshape(-1, h.shape[-1]).numpy()
+
+
+def _probe_setup(config: Mapping[str, Any], seed: int) -> tuple[dict, list[dict], float]:
+    pre, tgt = _sessions(config, seed)
+    tok = _tokenizer(pre, config, seed)
+    backbone, losses = _pretrain(pre, tok, config, seed)
+    random_backbone = init_model(tok, config, seed)  # the same init the pretraining started from
+    acted = _unigram_entropy(tok, pre, config) - float(np.mean(losses[-max(1, len(losses) // 10):]))
+    data = []
+    for s in tgt:
+        d = _decode_data(s, config)
+        P, T = config["patch_len"], d["x"].shape[0]
+        lat = torch.as_tensor(s.latents[:T * P]).reshape(T, P, -1).mean(1).numpy()  # patch-mean latent (T, D)
+        data.append({**d, "latents": lat,
+                     "feats": {a: _probe_features(a, d, backbone, random_backbone) for a in PROBE_ARMS}})
+    return {"acted": acted}, data, acted
+
+
+def _probe_r2(feats: np.ndarray, lat: np.ndarray, ntr: int, alpha: float) -> float:
+    """Ridge from features to the simulator's latent state, fit on the train patches, R^2 on the rest."""
+    mu, sd = feats[:ntr].mean(0), feats[:ntr].std(0) + 1e-6  # standardise so one penalty scale fits every arm
+    f = (feats - mu) / sd
+    W = ridge_fit(f[:ntr], lat[:ntr], alpha)
+    return r2_score(ridge_predict(W, f[ntr:]), lat[ntr:])
+
+
+def tune_probes(config: Mapping[str, Any]) -> dict:
+    """Per-arm ridge penalty by the harness rule on tuning seed 1000 (mean probe R^2 over its targets)."""
+    torch.set_num_threads(1)
+    cache: dict[int, Any] = {}
+
+    def score(arm: str, alpha: float, seed: int) -> float:
+        if seed not in cache:
+            cache[seed] = _probe_setup(config, seed)[1]
+        return float(np.mean([_probe_r2(d["feats"][arm], d["latents"], d["n_train"], alpha) for d in cache[seed]]))
+
+    grids = {a: LogGrid(center=config["probe_alpha_center"], factor=3.0, size=config["lr_grid_size"])
+             for a in PROBE_ARMS if a in config["arms"]}
+    return {"tuning": tune_per_arm(grids, score, mode="max", desc="calm probes")}
+
+
+def run_probe_seed(config: Mapping[str, Any], seed: int, prepared: Any = None) -> dict:
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    _, data, acted = _probe_setup(config, seed)
+    arms = {}
+    for arm in config["arms"]:
+        src = "random_probe" if (arm == "calm_probe" and config.get("null")) else arm
+        alpha = float(prepared["tuning"]["chosen"][src]) if prepared else float(config["probe_alpha_center"])
+        arms[arm] = {"score": float(np.mean([_probe_r2(d["feats"][src], d["latents"], d["n_train"], alpha)
+                                             for d in data]))}
+    stats = {"wall_s": time.perf_counter() - start}
+    if "calm_probe" in arms and "random_probe" in arms:
+        stats["probe_gain"] = arms["calm_probe"]["score"] - arms["random_probe"]["score"]
+    if "calm_probe" in arms and "raw_probe" in arms:
+        stats["probe_gain_over_raw"] = arms["calm_probe"]["score"] - arms["raw_probe"]["score"]
+    log_metrics(seed, **{f"{a}_score": v["score"] for a, v in arms.items()})
+    return {"arms": arms, "statistics": stats, "curves": {}, "checks": {"pretraining_acted": acted}}
+
+
+def _pcfg(**kw: Any) -> dict:
+    base = {k: v for k, v in _dcfg().items() if not k.endswith("_center") and k not in ("label_fractions",
+                                                                                      "decode_steps")}
+    base.update({"probe_alpha_center": 10.0, "arms": list(PROBE_ARMS)})
+    unknown = set(kw) - set(base) - {"null"}
+    if unknown:
+        raise ValueError(f"unknown config keys {sorted(unknown)}")
+    return {**base, **kw}
+
+
 SPECS = [
     ExperimentSpec(
         id="forecast_transfer", room="calm",
@@ -405,5 +656,51 @@ SPECS = [
         notes="Simulated data (nonlinear shared latents -> Poisson -> AR(2) GCaMP -> fluorescence with nuisance -> "
               "dF/F); VQ-VAE tokenizer; 2 dual-axis blocks of width 32 at the quick tier. Everything but the "
               "abstract is reconstructed.",
+    ),
+    ExperimentSpec(
+        id="decode_low_label", room="calm",
+        claim="With a task head, the pretrained CalM backbone decodes behaviour better than supervised decoders, "
+              "most of all when labels are scarce",
+        paper_ref="arXiv 2604.04958, abstract (behaviour decoding with a task head); notes 5.5 (5%/20%/100% labels)",
+        metric="test R^2 of patch-mean running speed on held-out targets, at 5%, 20% and 100% of the target's "
+               "train-part labels; judged at 5%",
+        arms=DECODE_ARMS, baseline="ridge_raw",
+        comparator=Comparator("decode_gain_low_label", ">", 0.0,
+                              "R^2(calm_head) - max over ridge_raw, mlp, gru_dec, cebra at 5% labels > 0 per seed"),
+        run=run_decode_seed, prepare=tune_decoders, null_value=0.0,
+        checks=(MechanismCheck("pretraining_acted", ">=", BEYOND_UNIGRAM_MIN,
+                               f"pretraining CE at least {BEYOND_UNIGRAM_MIN:g} nat below the code-frequency entropy"),
+                MechanismCheck("labels_informative", ">=", LABELS_INFORMATIVE_MIN,
+                               f"ridge on raw dF/F with all labels reaches R^2 >= {LABELS_INFORMATIVE_MIN:g}: the "
+                               "behaviour is decodable from this data", reduce="mean")),
+        tiers={"smoke": _dcfg(n_families=2, sessions_per_family=1, pretrain_frames=400, target_train_frames=256,
+                              target_test_frames=256, codebook_size=16, tokenizer_steps=20, pretrain_steps=10,
+                              decode_steps=3, lr_grid_size=1),
+               "full": _dcfg()},
+        seeds={"smoke": 1, "full": 3},
+        notes="Full tier only (the room's quick-tier budget goes to the forecasting claim). Same simulator, "
+              "tokenizer and pretraining as forecast_transfer; head = attention pooling over neurons + linear.",
+    ),
+    ExperimentSpec(
+        id="probe_latents", room="calm",
+        claim="Linear analyses of CalM's pretrained representations reveal the population's functional structure: "
+              "a linear probe recovers the latent state better from pretrained than from untrained features",
+        paper_ref="arXiv 2604.04958, abstract (linear analyses of the representations); notes 5.4 (probes of latents)",
+        metric="test R^2 of a ridge probe from neuron-averaged hidden states per patch to the simulator's latent "
+               "state (patch mean), on held-out targets",
+        arms=PROBE_ARMS, baseline="random_probe",
+        comparator=Comparator("probe_gain", ">", 0.0,
+                              "R^2(probe on pretrained features) - R^2(probe on the same backbone at its random "
+                              "init) > 0 per seed"),
+        run=run_probe_seed, prepare=tune_probes, null_value=0.0,
+        checks=(MechanismCheck("pretraining_acted", ">=", BEYOND_UNIGRAM_MIN,
+                               f"pretraining CE at least {BEYOND_UNIGRAM_MIN:g} nat below the code-frequency entropy"),),
+        tiers={"smoke": _pcfg(n_families=2, sessions_per_family=1, pretrain_frames=400, target_train_frames=256,
+                              target_test_frames=256, codebook_size=16, tokenizer_steps=20, pretrain_steps=10,
+                              lr_grid_size=1),
+               "full": _pcfg()},
+        seeds={"smoke": 1, "full": 3},
+        notes="Full tier only (the room's quick-tier budget goes to the forecasting claim). Same simulator, "
+              "tokenizer and pretraining as forecast_transfer; raw_probe (ridge on dF/F patch means) is recorded.",
     ),
 ]

@@ -1,0 +1,97 @@
+"""CalM decoding: the task head pools over neurons without caring about their order, the contrastive encoder's
+InfoNCE is ln B at chance and ~0 when positives are recoverable, the LoRA arm leaves the pretrained backbone
+untouched, the decoding claim runs end to end at smoke size and its null arm cannot pass."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from icml26.methods.calm import SPECS
+from icml26.methods.calm.decoding import ContrastiveEncoder, DecodingHead, PatchGRU, PatchMLP
+from icml26.methods.calm.experiments import _dcfg, _decode_arm, _decode_data, _decode_setup, run_decode_seed
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SPEC = next(s for s in SPECS if s.id == "decode_low_label")
+
+
+def test_head_is_neuron_permutation_invariant_and_shapes():
+    torch.manual_seed(0)
+    head = DecodingHead(16, 4)
+    h = torch.randn(2, 7, 5, 16)
+    out = head(h)
+    assert out.shape == (2, 5)
+    torch.testing.assert_close(head(h[:, torch.randperm(7)]), out, rtol=1e-5, atol=1e-5)
+    assert PatchMLP(7)(torch.randn(9, 7)).shape == (9,)
+    gru = PatchGRU(7)
+    x = torch.randn(9, 7)
+    y = gru(x)
+    x2 = x.clone()
+    x2[6:] += 1.0
+    torch.testing.assert_close(gru(x2)[:6], y[:6])  # causal: the future does not change the past
+
+
+def test_contrastive_loss_by_hand():
+    enc = ContrastiveEncoder(3, dim=2)
+    with torch.no_grad():  # a constant embedding: every candidate equally likely -> InfoNCE = ln B
+        for p in enc.net.parameters():
+            p.zero_()
+        enc.net[2].bias.fill_(1.0)
+    x, idx = torch.randn(10, 3), torch.arange(8)
+    assert float(enc.loss(x, idx).detach()) == pytest.approx(math.log(8), abs=1e-5)
+
+
+def test_lora_arm_keeps_backbone_and_smoke_run():
+    cfg = SPEC.tiers["smoke"]
+    backbone, data, acted = _decode_setup(cfg, 0)
+    before = {k: v.clone() for k, v in backbone.state_dict().items()}
+    out = run_decode_seed(cfg, 0, None)
+    assert set(out["arms"]) == set(SPEC.arms)
+    assert all(np.isfinite(v) for a in out["arms"].values() for v in a.values())
+    assert set(out["checks"]) == {c.name for c in SPEC.checks}
+    assert np.isfinite(out["statistics"][SPEC.comparator.statistic])
+    for arm in ("calm_lora", "calm_head"):  # both arms train a deep copy: the shared backbone never changes
+        r2 = _decode_arm(arm, 1e-2, data[0], 4, backbone, {**cfg, "decode_steps": 3}, 0)
+        assert np.isfinite(r2)
+    for k, v in backbone.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
+    assert data[0]["x"].shape[0] == data[0]["y"].shape[0] and np.isfinite(acted)
+
+
+def test_null_arm_is_rejected():
+    cfg = {**SPEC.tiers["smoke"], "null": True, "arms": ["calm_head", "ridge_raw"]}
+    out = run_decode_seed(cfg, 0, None)
+    assert out["arms"]["calm_head"] == out["arms"]["ridge_raw"]
+    value = out["statistics"][SPEC.comparator.statistic]
+    assert value <= 0.0 and not SPEC.comparator.holds(value) and not SPEC.comparator.holds(SPEC.null_value)
+
+
+def test_decode_config_errors():
+    with pytest.raises(ValueError, match="unknown config"):
+        _dcfg(decode_step=3)
+    from icml26.methods.calm.simulator import simulate_session
+    with pytest.raises(ValueError, match="multiple of the backbone window"):
+        _decode_data(simulate_session(0, 0, n_neurons=4, n_frames=400), {**SPEC.tiers["smoke"],
+                                                                          "target_train_frames": 200})
+
+
+def test_probe_claim_smoke_and_null():
+    spec = next(s for s in SPECS if s.id == "probe_latents")
+    cfg = spec.tiers["smoke"]
+    out = spec.run(cfg, 0, None)
+    assert set(out["arms"]) == set(spec.arms) and all(np.isfinite(a["score"]) for a in out["arms"].values())
+    null = spec.run({**cfg, "null": True}, 0, None)
+    assert null["statistics"]["probe_gain"] == 0.0 and not spec.comparator.holds(0.0)
+    assert null["arms"]["raw_probe"] == out["arms"]["raw_probe"]
+
+
+def test_probe_r2_recovers_a_linear_latent():
+    from icml26.methods.calm.experiments import _probe_r2
+    rng = np.random.default_rng(0)
+    lat = rng.standard_normal((200, 3))
+    feats = lat @ rng.standard_normal((3, 8)) + 5.0  # a linear, offset image of the latent
+    assert _probe_r2(feats, lat, 100, 1e-6) > 0.999
+    assert _probe_r2(rng.standard_normal((200, 8)), lat, 100, 1.0) < 0.1
