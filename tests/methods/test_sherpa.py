@@ -200,6 +200,9 @@ def test_committed_weights_load_without_building(monkeypatch):
         assert isinstance(pretrain.pretrained(name, steps=20), PromptableSegmenter)
     with pytest.raises(ValueError, match="small"):
         pretrain.pretrained("huge")
+    # the default recipe names its whole chain (v2 continues v1), an explicit short one starts from scratch
+    assert pretrain.weights_name("large").endswith("_mix_from_s1000_b32_seed12345_base.safetensors")
+    assert "_from_" not in pretrain.weights_name("large", steps=20)
 
 
 def test_general_variants_and_mix_and_bad_variant():

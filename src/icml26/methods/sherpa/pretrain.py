@@ -22,12 +22,13 @@ from ...core.progress import progress
 from .data import GENERAL_VARIANTS, general_batch
 from .model import LARGE, SMALL, PromptableSegmenter, SegmenterSize, dice_iou, seg_loss
 
-# v2 recipe (issue 13). v1 (1,000 steps on the "base" variant only) left the large model barely above a
-# prompt-centred disk on the general suite, weakest on the variants it had never seen (lowlight IoU 0.14), so v2
-# pretrains on the mixture of all suite variants (fresh images: the suite stays held out) and for longer, the large
-# model longest (it is the one whose general ability the claims measure).
-PRETRAIN = {"small": {"steps": 2000, "batch": 32, "lr": 2e-3, "seed": 12345, "variant": "mix"},
-            "large": {"steps": 3000, "batch": 32, "lr": 2e-3, "seed": 12345, "variant": "mix"}}
+# v1 recipe: 1,000 steps x 32 images of the "base" variant only. It left the large model barely above a
+# prompt-centred disk on the general suite, weakest on the variants it had never seen (lowlight IoU 0.14).
+V1 = {"steps": 1000, "batch": 32, "lr": 2e-3, "seed": 12345, "variant": "base"}
+# v2 recipe (issue 13): continue from v1 on the mixture of all suite variants (fresh images: the suite stays held
+# out), with a new warm-up and cosine schedule; the large model, whose general ability the claims measure, longest.
+PRETRAIN = {"small": {"steps": 1000, "batch": 16, "lr": 1e-3, "seed": 12346, "variant": "mix", "init": V1},
+            "large": {"steps": 2000, "batch": 16, "lr": 1e-3, "seed": 12346, "variant": "mix", "init": V1}}
 SIZES = {"small": SMALL, "large": LARGE}
 WEIGHTS_DIR = Path(__file__).with_name("weights")
 CHECKPOINT_EVERY = 250
@@ -46,14 +47,17 @@ def _monitor(model: PromptableSegmenter, n: int = 64) -> dict[str, float]:
 
 
 def train_general(size: SegmenterSize, *, steps: int, batch: int, lr: float, seed: int, variant: str = "mix",
-                  checkpoint: str | Path | None = None) -> PromptableSegmenter:
-    """AdamW (weight decay 0.01), 50-step warm-up then cosine, ``batch`` fresh general images per step.
+                  init: dict | None = None, checkpoint: str | Path | None = None) -> PromptableSegmenter:
+    """AdamW (weight decay 0.01), 50-step warm-up then cosine, ``batch`` fresh general images per step, starting
+    from random weights or, with ``init`` (a recipe dict), from that recipe's model (fresh optimiser).
 
     With ``checkpoint``, model, optimiser and step are saved atomically every ``CHECKPOINT_EVERY`` steps and a run
     resumes from there (the data of step s depends only on (seed, s), so a resumed run equals an uninterrupted one).
     """
     torch.manual_seed(seed)
     model = PromptableSegmenter(size)
+    if init is not None:
+        model.load_state_dict(_load_or_build(next(n for n, s in SIZES.items() if s == size), init))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     start = 0
     if checkpoint is not None and Path(checkpoint).exists():
@@ -81,28 +85,45 @@ def train_general(size: SegmenterSize, *, steps: int, batch: int, lr: float, see
     return model
 
 
+def _recipe_tag(cfg: dict) -> str:
+    tag = f"s{cfg['steps']}_b{cfg['batch']}_seed{cfg['seed']}_{cfg['variant']}"
+    return tag + (f"_from_{_recipe_tag(cfg['init'])}" if cfg.get("init") else "")
+
+
+def _recipe(name: str, overrides: dict) -> dict:
+    if name not in SIZES:
+        raise ValueError(f"pretrained() knows 'small' and 'large', got {name!r}")
+    cfg = {**PRETRAIN[name], **overrides}
+    if overrides and "init" not in overrides:
+        cfg["init"] = None  # an explicit short recipe (the smoke tier's steps=20) starts from scratch
+    return cfg
+
+
+def _key(name: str, cfg: dict) -> str:
+    size = SIZES[name]
+    return f"{name}_d{size.dim}_L{size.depth}_{_recipe_tag(cfg)}.safetensors"
+
+
 def weights_name(name: str, **overrides) -> str:
-    size, cfg = SIZES[name], {**PRETRAIN[name], **overrides}
-    return (f"{name}_d{size.dim}_L{size.depth}_s{cfg['steps']}_b{cfg['batch']}_seed{cfg['seed']}_{cfg['variant']}"
-            ".safetensors")
+    """File name of a checkpoint: size and the whole recipe chain (so a changed recipe never loads stale weights)."""
+    return _key(name, _recipe(name, overrides))
+
+
+def _load_or_build(name: str, cfg: dict) -> dict:
+    """State dict of the recipe ``cfg``: committed weights, else the cache, else trained (and cached)."""
+    size, key = SIZES[name], _key(name, cfg)
+    if (WEIGHTS_DIR / key).exists():
+        from safetensors.torch import load_file
+
+        return load_file(str(WEIGHTS_DIR / key))
+    ckpt = cache_dir("sherpa") / (key + ".ckpt")
+    return cached_tensors(cache_dir("sherpa") / key, lambda: train_general(size, **cfg, checkpoint=ckpt).state_dict())
 
 
 def pretrained(name: str, **overrides) -> PromptableSegmenter:
     """The pretrained 'small' or 'large' segmenter: committed weights if present, else cached, else built."""
-    if name not in SIZES:
-        raise ValueError(f"pretrained() knows 'small' and 'large', got {name!r}")
-    size, cfg = SIZES[name], {**PRETRAIN[name], **overrides}
-    key = weights_name(name, **overrides)
-    committed = WEIGHTS_DIR / key
-    if committed.exists():
-        from safetensors.torch import load_file
-
-        state = load_file(str(committed))
-    else:
-        ckpt = cache_dir("sherpa") / (key + ".ckpt")
-        state = cached_tensors(cache_dir("sherpa") / key,
-                               lambda: train_general(size, **cfg, checkpoint=ckpt).state_dict())
-    model = PromptableSegmenter(size)
+    state = _load_or_build(name, _recipe(name, overrides))
+    model = PromptableSegmenter(SIZES[name])
     model.load_state_dict(state)
     model.eval()
     return model
