@@ -292,3 +292,119 @@ def test_layout_picture_for_a_users_nifti(tmp_path):
     out = tmp_path / "layout.png"
     main([str(path), "--native", "--frames", "6", "--out", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- v2 readout, ablation helpers, more loader errors, reconstruction pictures -----------------------------------
+
+def test_region_pooling_matches_a_per_token_loop_and_global_mean():
+    from icml26.methods.omni_fmri.train import TokenCache, embeddings
+
+    shape = (8, 12, 16)
+    cfg = small_cfg(thresholds=(0.3,))
+    torch.manual_seed(0)
+    model = OmniMAE(cfg, shape)
+    x = textured_batch(B=3, shape=shape)
+    x[..., :4, :6, :8] = 0.0  # one box of the 2x2x2 split is all background
+    cache = TokenCache(lambda idx: x[torch.as_tensor(idx)], 3, cfg)
+    assert cache.counts()[:, 1].sum() > 0  # coarse tokens are pooled by their centre too
+    glob = embeddings(model, lambda idx: x[torch.as_tensor(idx)], 3, cache, batch=2)
+    with torch.no_grad():
+        assert_close("global pool", model.embed(x), torch.from_numpy(glob), 1e-5)
+        h, tokens = model.encode(x)
+    r = 2
+    pooled = embeddings(model, lambda idx: x[torch.as_tensor(idx)], 3, cache, batch=2, regions=r)
+    assert pooled.shape == (3, r ** 3 * cfg.embed_dim)
+    want = torch.zeros(3, r ** 3, cfg.embed_dim)
+    n = torch.zeros(3, r ** 3)
+    for b in range(3):
+        for i, (s, c, ok) in enumerate(zip(tokens.scale[b], tokens.coords[b], tokens.valid[b])):
+            if not ok:
+                continue
+            p = cfg.patch_sizes[int(s)]
+            box = [min(int((int(c[a]) + p / 2) / shape[a] * r), r - 1) for a in range(3)]
+            k = (box[0] * r + box[1]) * r + box[2]
+            want[b, k] += h[b, 1 + i]
+            n[b, k] += 1
+    want = want / n.clamp_min(1)[..., None]
+    assert (n == 0).any()  # an empty box (background corner) gives zeros
+    assert_close("region pool", want.flatten(1), torch.from_numpy(pooled), 1e-5)
+    with pytest.raises(ValueError, match="regions"):
+        embeddings(model, lambda idx: x[torch.as_tensor(idx)], 3, cache, regions=0)
+
+
+def test_raw_features_are_the_average_pooled_chunks():
+    from icml26.methods.omni_fmri.train import raw_features
+
+    x = torch.randn(5, 3, 8, 8, 8)
+    f = raw_features(lambda idx: x[torch.as_tensor(idx)], 5, pool=4, batch=2)
+    assert f.shape == (5, 3 * 8)
+    assert np.allclose(f[1].reshape(3, 2, 2, 2)[2, 1, 0, 1], x[1, 2, 4:8, 0:4, 4:8].mean().item(), atol=1e-6)
+
+
+def test_matched_threshold_gives_the_target_coarse_count():
+    from icml26.methods.omni_fmri.experiments import matched_threshold
+
+    x = textured_batch(B=2, shape=(8, 12, 16))
+    cfg = small_cfg(thresholds=(0.0,))
+    n_fg = int(foreground_maps(x, cfg)[1].sum())
+    for k in (0, 1, 3, n_fg - 1, n_fg):
+        tau = matched_threshold(x, cfg, k)
+        assert tokenize(x, small_cfg(thresholds=(tau,))).count(1).sum() == k
+    # ties (a flat volume: every coarse score equal): the count closest to the target that the ties allow
+    flat = torch.ones(1, 3, 8, 8, 8)
+    tau = matched_threshold(flat, cfg, 3)
+    assert tokenize(flat, small_cfg(thresholds=(tau,))).count(1).item() in (0, 8)
+
+
+def test_ablation_arms_switch_only_the_metric_or_tau():
+    from icml26.methods.omni_fmri.experiments import ABLATION_ARMS, TIERS, ablation_config, model_config
+
+    c = TIERS["smoke"]
+    base = model_config(c, "dynamic")
+    assert ablation_config(c, "std") == base
+    assert ablation_config(c, "tau0").thresholds == (0.0,)
+    e = ablation_config(c, "entropy", 0.7)
+    assert e.method == "entropy" and e.thresholds == (0.7,) and e.embed_dim == base.embed_dim
+    assert len(set(ABLATION_ARMS)) == len(ABLATION_ARMS)
+    with pytest.raises(ValueError, match="unknown ablation arm"):
+        ablation_config(c, "sobel")
+
+
+def test_loader_more_errors_and_time_units(tmp_path):
+    nib = pytest.importorskip("nibabel")
+    aff = np.eye(4)
+    good = save_run(tmp_path / "good.nii", np.ones((4, 4, 4, 6), np.float32), aff, tr=0.72)
+    with pytest.raises(ValueError, match="mask array shape"):
+        load_run(good, mask=np.ones((4, 4, 5), bool))
+    nib.save(nib.Nifti1Image(np.ones((4, 4, 4, 1, 6), np.float32), aff), str(tmp_path / "five.nii"))
+    with pytest.raises(ValueError, match="4-D"):
+        load_run(tmp_path / "five.nii")
+    with pytest.raises(ValueError, match="at least 2"):
+        load_run(save_run(tmp_path / "one.nii", np.ones((4, 4, 4, 1), np.float32), aff, tr=0.72))
+    far = nib.Nifti1Image(np.ones((4, 4, 4), np.uint8), np.array([[1.0, 0, 0, 500], [0, 1, 0, 0], [0, 0, 1, 0],
+                                                                   [0, 0, 0, 1]]))
+    with pytest.raises(ValueError, match="empty"):  # a mask in another place of the world: no overlap on the target
+        load_run(good, mask=far, target=((4, 4, 4), aff))
+    img = nib.Nifti1Image(np.random.default_rng(0).normal(size=(4, 4, 4, 6)).astype(np.float32) + 3, aff)
+    img.header.set_xyzt_units("mm", "msec")
+    img.header.set_zooms((1, 1, 1, 720.0))
+    assert load_run(img).source_tr == pytest.approx(0.72)
+
+
+def test_layout_and_reconstruction_picture_for_a_users_nifti(tmp_path):
+    from icml26.methods.omni_fmri.viz import main
+
+    data = np.zeros((16, 16, 16, 8), np.float32)
+    data[2:14, 2:14, 2:14] = np.random.default_rng(0).normal(size=(12, 12, 12, 8)) + 3
+    path = save_run(tmp_path / "run.nii.gz", data, np.diag([6.0, 6.0, 6.0, 1.0]), tr=0.72)
+    opts = ["--native", "--frames", "4", "--width", "16", "--depth", "1", "--reconstruct"]
+    out = tmp_path / "recon.png"
+    main([str(path), *opts, "--steps", "2", "--out", str(out)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    cfg = OmniFMRIConfig(in_frames=4, embed_dim=16, depth=1, num_heads=4, decoder_embed_dim=16, decoder_depth=1,
+                         decoder_num_heads=4)
+    torch.save(OmniMAE(cfg, (16, 16, 16)).state_dict(), tmp_path / "w.pt")
+    main([str(path), *opts, "--weights", str(tmp_path / "w.pt"), "--out", str(tmp_path / "w.png")])
+    assert (tmp_path / "w.png").exists()
+    with pytest.raises(ValueError, match="steps"):
+        main([str(path), *opts, "--steps", "0", "--out", str(tmp_path / "x.png")])

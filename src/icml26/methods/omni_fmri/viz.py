@@ -2,6 +2,10 @@
 
 ``python -m icml26.methods.omni_fmri.viz RUN.nii.gz --out layout.png`` renders the layout for your own 4-D run
 (resampled to the 6 mm MNI grid unless ``--native``); ``--simulated`` draws a simulated chunk instead.
+``--reconstruct`` adds input / masked / reconstruction panels: from ``--weights MODEL.pt`` (a ``state_dict`` of an
+:class:`OmniMAE` built with the same ``--frames``, ``--tau``, ``--width``, ``--depth`` and grid), or else from a small
+MAE pretrained here for ``--steps`` steps on the run's own chunks (enough to see the mechanics, not a foundation
+model; the paper's weights are on the HF hub and not used here).
 """
 
 from __future__ import annotations
@@ -50,21 +54,47 @@ def draw_reconstruction(axes, model, chunk: torch.Tensor, *, frame: int = 0, see
         ax.set_axis_off()
 
 
-def render_layout_png(chunk: torch.Tensor, cfg: OmniFMRIConfig, out: str | Path) -> dict:
+def _save(fig, out: str | Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=130)
+    atomic_write_bytes(out, buf.getvalue())
+
+
+def render_layout_png(chunk: torch.Tensor, cfg: OmniFMRIConfig, out: str | Path, *, model=None,
+                      seed: int = 0) -> dict:
+    """Write a PNG of the layout of ``chunk`` (T, D, H, W); with ``model`` (an :class:`OmniMAE` on ``cfg``) also its
+    input / masked / reconstruction panels. Returns the token counts per scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(4, 4.4))
+    fig, axes = plt.subplots(1, 4 if model is not None else 1, figsize=(13, 3.6) if model is not None else (4, 4.4),
+                             squeeze=False)
     try:
-        counts = draw_layout(ax, chunk, cfg)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=130)
-        atomic_write_bytes(out, buf.getvalue())
+        counts = draw_layout(axes[0, 0], chunk, cfg)
+        if model is not None:
+            draw_reconstruction(axes[0, 1:], model, chunk, seed=seed)
+        _save(fig, out)
     finally:
         plt.close(fig)
     return counts
+
+
+def fit_small_mae(chunks: torch.Tensor, cfg: OmniFMRIConfig, *, steps: int, lr: float = 3e-3, batch: int = 4,
+                  seed: int = 0):
+    """A small :class:`OmniMAE` pretrained for ``steps`` steps on ``chunks`` (n, T, D, H, W), for the pictures."""
+    from .model import OmniMAE
+    from .train import TokenCache, pretrain
+
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1 to pretrain a model for the reconstruction panels, got {steps}")
+    torch.manual_seed(seed)
+    model = OmniMAE(cfg, tuple(chunks.shape[2:]))
+    cache = TokenCache(lambda idx: chunks[torch.as_tensor(idx)], len(chunks), cfg)
+    pretrain(model, lambda idx: chunks[torch.as_tensor(idx)], len(chunks), cache, steps=steps,
+             batch=min(batch, len(chunks)), lr=lr, seed=seed, desc="omni_fmri viz MAE")
+    return model
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,19 +105,36 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tau", type=float, default=0.23)
     ap.add_argument("--native", action="store_true", help="keep the file's grid instead of the 6 mm MNI grid")
     ap.add_argument("--simulated", action="store_true", help="draw a simulated chunk (no file needed)")
+    ap.add_argument("--reconstruct", action="store_true", help="add MAE reconstruction panels")
+    ap.add_argument("--weights", help="state_dict of an OmniMAE with the same options (else one is pretrained here)")
+    ap.add_argument("--steps", type=int, default=60, help="pretraining steps when no --weights are given")
+    ap.add_argument("--width", type=int, default=48)
+    ap.add_argument("--depth", type=int, default=2)
     args = ap.parse_args(argv)
-    cfg = OmniFMRIConfig(in_frames=args.frames, thresholds=(args.tau,))
+    if args.weights and not args.reconstruct:
+        ap.error("--weights is only used with --reconstruct")
+    cfg = OmniFMRIConfig(in_frames=args.frames, thresholds=(args.tau,), embed_dim=args.width, depth=args.depth,
+                         num_heads=4, decoder_embed_dim=args.width, decoder_depth=1, decoder_num_heads=4)
     if args.simulated or not args.nifti:
         from .simulate import SimSpec, simulate
 
-        chunk = simulate(1, 1, 0, SimSpec(frames=args.frames)).tensor()[0]
+        chunks = simulate(2, 2, 0, SimSpec(frames=args.frames)).tensor()
     else:
         from .nifti import load_run, mni_on_grid
 
         target = None if args.native else ((32, 40, 32), mni_on_grid()[2])
         run = load_run(args.nifti, target=target, multiple=cfg.multiple)
-        chunk = torch.from_numpy(np.ascontiguousarray(run.chunks(args.frames)[0]))
-    counts = render_layout_png(chunk, cfg, args.out)
+        chunks = torch.from_numpy(np.ascontiguousarray(run.chunks(args.frames)))
+    model = None
+    if args.reconstruct:
+        from .model import OmniMAE
+
+        if args.weights:
+            model = OmniMAE(cfg, tuple(chunks.shape[2:]))
+            model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
+        else:
+            model = fit_small_mae(chunks, cfg, steps=args.steps)
+    counts = render_layout_png(chunks[0], cfg, args.out, model=model)
     print(f"wrote {args.out}: tokens per scale {counts}")
 
 
