@@ -155,8 +155,8 @@ def test_fsq_levels_and_fit_tokenizer_dispatch():
     with pytest.raises(ValueError, match="tokenizer"):
         fit_tokenizer("rvq", torch.randn(100, 8), 8)
     x = torch.linspace(-1, 1, 9).reshape(1, 9)
-    np.testing.assert_allclose(scalar_quantize(x, 4, -1.0, 1.0).numpy(),
-                               [[-0.75, -0.75, -0.25, -0.25, 0.25, 0.25, 0.75, 0.75, 0.75]], atol=1e-6)  # bins of width 0.5, top edge closed
+    expect = [[-0.75, -0.75, -0.25, -0.25, 0.25, 0.25, 0.75, 0.75, 0.75]]  # bins of width 0.5, top edge closed
+    np.testing.assert_allclose(scalar_quantize(x, 4, -1.0, 1.0).numpy(), expect, atol=1e-6)
 
 
 def _model(**kw):

@@ -694,7 +694,8 @@ SPECS = [
                               "init) > 0 per seed"),
         run=run_probe_seed, prepare=tune_probes, null_value=0.0,
         checks=(MechanismCheck("pretraining_acted", ">=", BEYOND_UNIGRAM_MIN,
-                               f"pretraining CE at least {BEYOND_UNIGRAM_MIN:g} nat below the code-frequency entropy"),),
+                               f"pretraining CE at least {BEYOND_UNIGRAM_MIN:g} nat below the code-frequency "
+                               "entropy"),),
         tiers={"smoke": _pcfg(n_families=2, sessions_per_family=1, pretrain_frames=400, target_train_frames=256,
                               target_test_frames=256, codebook_size=16, tokenizer_steps=20, pretrain_steps=10,
                               lr_grid_size=1),

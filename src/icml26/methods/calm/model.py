@@ -89,9 +89,9 @@ class LearnedTokenizer(nn.Module):
     """A learned patch tokenizer: MLP encoder -> quantiser -> MLP decoder, fit by reconstruction on pretraining
     patches and then frozen. After :meth:`fit`, ``codebook`` (K, P) holds the decoder's output for every code.
 
-    kind="vqvae": VQ-VAE (van den Oord et al. 2017) with an EMA codebook (decay 0.99, k-means initialised on encoder outputs), commitment loss
-        beta ||z_e - sg(e)||^2 (beta = 0.25, notes 5.2), straight-through gradients, codes used under 10% of a
-        uniform share restarted from encoder outputs every 50 steps.
+    kind="vqvae": VQ-VAE (van den Oord et al. 2017) with an EMA codebook (decay 0.99, k-means initialised on
+        encoder outputs), commitment loss beta ||z_e - sg(e)||^2 (beta = 0.25, notes 5.2), straight-through
+        gradients; codes used under 10% of a uniform share are restarted from encoder outputs every 50 steps.
     kind="fsq": finite scalar quantisation (Mentzer et al. 2023): d = len(levels) bounded latents, each rounded
         to its level grid, straight-through; K = prod(levels); no codebook loss.
     """
