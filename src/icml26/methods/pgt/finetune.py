@@ -3,10 +3,10 @@ foundation policy's action MLP pi_theta(a | s, z), each task with its own copy o
 
 Why batched: one arm-run fine-tunes one policy copy per task with thousands of single-trajectory steps; doing K
 tasks as one tensor program (per-task parameters stacked on a leading axis K) is K times fewer Python steps. It
-is exact, not an approximation: the summed loss sum_k L_k(theta_k) has gradient dL_k/dtheta_k on slice k, and Adam
-is elementwise, so one Adam over the stacked tensors is K independent Adams (``tests/methods/test_pgt_finetune.py``
-checks this against K separate ``torch.optim.Adam`` runs on ``GoalPolicy`` copies and against peft's own LoRA
-forward and gradients).
+is the same computation, not an approximation (equal to float rounding): the summed loss sum_k L_k(theta_k) has
+gradient dL_k/dtheta_k on slice k, and Adam is elementwise, so one Adam over the stacked tensors is K independent
+Adams (``tests/methods/test_pgt_finetune.py`` checks this against K separate ``torch.optim.Adam`` runs on
+``GoalPolicy`` copies and against peft's own LoRA forward and gradients).
 
 Layer l of the MLP with stacked weights: h_{l+1} = act(h_l W_l^T + b_l [+ s (h_l A_l^T) B_l^T]), with
 W_l (K, out, in), b_l (K, out); LoRA factors A_l (K, r, in), B_l (K, out, r), s = lora_alpha / r (peft's scaling).

@@ -116,10 +116,11 @@ def pgt(policy: GoalPolicy, z_ref: torch.Tensor, collect: Callable[[torch.Tensor
 def tune_latents(policy: GoalPolicy, z_ref: torch.Tensor, states: torch.Tensor, actions: torch.Tensor,
                  returns: torch.Tensor, cfg: PGTConfig, gens: list[torch.Generator], z_init: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, list[dict]]:
-    """:func:`tune_latent` for K tasks at once, exactly: z_ref (K, z_dim), states (K, N, T+1, 2), actions
-    (K, N, T, 2), returns (K, N), one generator per task (drawn in the same order as K separate calls).
+    """:func:`tune_latent` for K tasks at once (the same computation, equal to float rounding): z_ref (K, z_dim),
+    states (K, N, T+1, 2), actions (K, N, T, 2), returns (K, N), one generator per task (drawn in the same order
+    as K separate calls).
 
-    Why exact: every step takes one pair per task and minimises the sum of the K DPO losses; z_k only enters
+    Why the same: every step takes one pair per task and minimises the sum of the K DPO losses; z_k only enters
     loss k, and Adam is elementwise, so the stacked Adam on z (K, z_dim) is K independent Adams. Needs the same
     number of training pairs in every task (always so with distinct returns and the caps); otherwise it falls
     back to K calls of :func:`tune_latent`. Returns z (K, z_dim) and one log per task."""
