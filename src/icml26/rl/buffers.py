@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .datasets import validate
+from .datasets import return_to_go, validate
 
 _FIELDS = ("observations", "actions", "rewards", "next_observations", "dones")
 
@@ -23,10 +23,13 @@ class OfflineBuffer:
         data: D4RL-layout dict (validated here).
         device: where sampled batches live.
         reward_scale, reward_bias: r' = scale * r + bias (CORL's antmaze convention is scale 1, bias -1 for IQL).
+        mc_discount: when set, batches also carry ``mc_returns`` (B,), the discounted return-to-go of r' (Cal-QL's
+            calibration bound, ``datasets.return_to_go``; ``sparse_failure_reward`` is passed on to it).
     """
 
     def __init__(self, data: dict, device: torch.device | str = "cpu", *, reward_scale: float = 1.0,
-                 reward_bias: float = 0.0) -> None:
+                 reward_bias: float = 0.0, mc_discount: float | None = None,
+                 sparse_failure_reward: float | None = None) -> None:
         data = validate(data)
         self.device = torch.device(device)
         self._t = {
@@ -36,6 +39,10 @@ class OfflineBuffer:
             "next_observations": torch.as_tensor(data["next_observations"], device=self.device),
             "dones": torch.as_tensor(data["terminals"], device=self.device),
         }
+        if mc_discount is not None:
+            self._t["mc_returns"] = torch.as_tensor(
+                return_to_go(data, mc_discount, reward_scale=reward_scale, reward_bias=reward_bias,
+                             sparse_failure_reward=sparse_failure_reward), device=self.device)
 
     def __len__(self) -> int:
         return len(self._t["rewards"])
@@ -101,7 +108,8 @@ class OnlineBuffer:
 def mixed_batch(offline: OfflineBuffer, online: OnlineBuffer, batch_size: int, mixing_ratio: float,
                 generator: torch.Generator) -> tuple[dict, torch.Tensor]:
     """``round(rho N)`` samples from D_off and the rest from D_on, concatenated; returns ``(batch, from_offline)``
-    with ``from_offline`` a (B,) bool tensor (the origin label). An empty online buffer gives an all-offline batch."""
+    with ``from_offline`` a (B,) bool tensor (the origin label). An empty online buffer gives an all-offline batch.
+    Extra offline fields (``mc_returns``) are zero for online samples, as in CORL's Cal-QL online buffer."""
     n_off = batch_size if len(online) == 0 else int(round(mixing_ratio * batch_size))
     parts, origin = [], []
     if n_off > 0:
@@ -110,5 +118,7 @@ def mixed_batch(offline: OfflineBuffer, online: OnlineBuffer, batch_size: int, m
     if batch_size - n_off > 0:
         parts.append(online.sample(batch_size - n_off, generator))
         origin.append(torch.zeros(batch_size - n_off, dtype=torch.bool))
-    batch = {k: torch.cat([p[k] for p in parts]) for k in _FIELDS}
+    fields = list(_FIELDS) + [k for k in parts[0] if k not in _FIELDS]
+    batch = {k: torch.cat([p[k] if k in p else torch.zeros_like(parts[0][k][: len(p["rewards"])]) for p in parts])
+             for k in fields}
     return batch, torch.cat(origin).to(batch["rewards"].device)

@@ -158,3 +158,33 @@ def episode_returns(data: dict) -> np.ndarray:
 def concatenate(parts: list[dict]) -> dict:
     """Stack several D4RL-layout dicts (e.g. the noise levels of a medium-replay mix)."""
     return validate({k: np.concatenate([p[k] for p in parts]) for k in KEYS})
+
+
+def return_to_go(data: dict, discount: float, *, reward_scale: float = 1.0, reward_bias: float = 0.0,
+                 sparse_failure_reward: float | None = None) -> np.ndarray:
+    """Per-transition discounted Monte-Carlo return-to-go of r' = scale r + bias within each episode (episodes end
+    at a terminal or a timeout): Cal-QL's calibration lower bound (CORL ``get_return_to_go``). (N,) float32.
+
+    ``sparse_failure_reward``: CORL's sparse-reward rule; an episode whose last (transformed) reward equals it
+    never reached the goal, and every step gets r' / (1 - discount), the value of failing forever, instead of the
+    truncated sum.
+    """
+    if not 0 <= discount < 1:
+        raise ValueError(f"discount must be in [0, 1), got {discount}")
+    r = np.asarray(data["rewards"], dtype=np.float64) * reward_scale + reward_bias
+    term = np.asarray(data["terminals"]) > 0
+    ends = term | (np.asarray(data["timeouts"]) > 0)
+    ends[-1] = True
+    out = np.zeros_like(r)
+    start = 0
+    for end in np.flatnonzero(ends):
+        seg = slice(start, end + 1)
+        if sparse_failure_reward is not None and r[end] == sparse_failure_reward:
+            out[seg] = r[seg] / (1 - discount)
+        else:
+            g = 0.0
+            for i in range(end, start - 1, -1):
+                g = r[i] + discount * g * (1.0 - term[i])
+                out[i] = g
+        start = end + 1
+    return out.astype(np.float32)

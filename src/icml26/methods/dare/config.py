@@ -1,10 +1,13 @@
-"""DARE configuration: TD3+BC host defaults from CORL (algorithms/offline/td3_bc.py, finetune defaults), DARE's
-reconstructed options (score, posterior fit, exchange) named as such."""
+"""DARE configuration: host defaults from CORL (algorithms/offline/td3_bc.py, algorithms/finetune/iql.py,
+algorithms/finetune/cal_ql.py), DARE's reconstructed options (score, posterior fit, exchange, behavior model,
+IQL's relaxed objective) named as such. ``corl_defaults(host, antmaze=...)`` gives each host's CORL values."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+HOSTS = ("td3bc", "iql", "calql")
+BEHAVIORS = ("gaussian", "cvae")
 CONSTRAINTS = ("dare", "origin", "all", "none")
 SCORES = ("kl_mean", "nll", "min_dist")
 FITS = ("moments", "em")
@@ -41,7 +44,20 @@ class DAREConfig:
             Gaussian mixture fitted by EM on the union, initialised from the origin moments.
         exchange: "threshold" = online-like iff posterior p_i > eta; "stochastic" = online-like ~ Bernoulli(p_i).
         eta: the threshold (0.5).
-        bc_steps, bc_lr: behavior-model (Gaussian BC) fitting on D_off before the online phase.
+        behavior: the behavior model mu_psi: "gaussian" (diagonal Gaussian BC) or "cvae" (BCQ-style CVAE; its
+            "nll" score is the negative ELBO). The paper's diffusion model with energy guidance is not built.
+        bc_steps, bc_lr: behavior-model fitting on D_off before the online phase.
+
+    Host (``host``): "td3bc" (the fields above), "iql" or "calql" (CORL finetune defaults in
+    :func:`corl_defaults`; ``actor_lr`` / ``critic_lr`` are the policy / Q learning rates of every host):
+        iql_tau: expectile tau of the V loss (0.7 MuJoCo, 0.9 antmaze).
+        iql_beta: AWR inverse temperature beta (3 MuJoCo, 10 antmaze); exp_adv_max: clip of exp(beta A) (100).
+        relaxed_alpha: [REC] fixed entropy weight of IQL's relaxed actor objective on S_on,
+            alpha log pi(a~|s) - Q(s, a~) / mean|Q| (ICLR reviewer Q5: "SAC-style, fixed coefficient").
+        cql_alpha, cql_alpha_online: CQL regulariser weight offline / online (10 / 10 MuJoCo, 5 / 5 antmaze).
+        cql_n_actions: sampled actions per state in the CQL log-sum-exp (10).
+        calibrate: Cal-QL's max(Q, MC return-to-go) on policy actions during offline pretraining (CORL switches
+            it off at the online switch); False gives CQL.
     """
 
     batch_size: int = 256
@@ -65,14 +81,25 @@ class DAREConfig:
     fit: str = "moments"
     exchange: str = "threshold"
     eta: float = 0.5
+    behavior: str = "gaussian"
     bc_steps: int = 2000
     bc_lr: float = 1e-3
+    host: str = "td3bc"
+    iql_tau: float = 0.7
+    iql_beta: float = 3.0
+    exp_adv_max: float = 100.0
+    relaxed_alpha: float = 0.1
+    cql_alpha: float = 10.0
+    cql_alpha_online: float = 10.0
+    cql_n_actions: int = 10
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
-        for name, allowed in (("constraint", CONSTRAINTS), ("score", SCORES), ("fit", FITS), ("exchange", EXCHANGES)):
+        for name, allowed in (("constraint", CONSTRAINTS), ("score", SCORES), ("fit", FITS), ("exchange", EXCHANGES),
+                              ("host", HOSTS), ("behavior", BEHAVIORS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"DAREConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("batch_size", "policy_freq", "hidden", "layers", "n_ref_actions"):
+        for name in ("batch_size", "policy_freq", "hidden", "layers", "n_ref_actions", "cql_n_actions"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"DAREConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("actor_lr", "critic_lr", "bc_lr"):
@@ -88,6 +115,29 @@ class DAREConfig:
             raise ValueError(f"DAREConfig.mixing_ratio must be in (0, 1), got {self.mixing_ratio}")
         if not 0 < self.eta < 1:
             raise ValueError(f"DAREConfig.eta must be in (0, 1), got {self.eta}")
-        for name in ("alpha", "policy_noise", "noise_clip", "expl_noise"):
-            if getattr(self, name) < 0:
+        for name in ("alpha", "policy_noise", "noise_clip", "expl_noise", "iql_beta", "relaxed_alpha", "cql_alpha",
+                     "cql_alpha_online"):
+            if not getattr(self, name) >= 0:
                 raise ValueError(f"DAREConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.iql_tau < 1:
+            raise ValueError(f"DAREConfig.iql_tau must be in (0, 1), got {self.iql_tau}")
+        if not self.exp_adv_max > 0:
+            raise ValueError(f"DAREConfig.exp_adv_max must be > 0, got {self.exp_adv_max}")
+
+
+def corl_defaults(host: str, *, antmaze: bool = False) -> dict:
+    """CORL's finetune defaults for ``host`` as DAREConfig fields (``antmaze``: its sparse-reward values).
+
+    td3bc: algorithms/offline/td3_bc.py (lr 3e-4, alpha 2.5). iql: algorithms/finetune/iql.py (lrs 3e-4, tau 0.7 /
+    0.9, beta 3 / 10). calql: algorithms/finetune/cal_ql.py (policy lr 3e-5 / 1e-4, Q lr 3e-4, cql_alpha 10 / 5).
+    """
+    if host not in HOSTS:
+        raise ValueError(f"host must be one of {HOSTS}, got {host!r}")
+    if host == "td3bc":
+        return {"host": host, "actor_lr": 3e-4, "critic_lr": 3e-4, "alpha": 2.5}
+    if host == "iql":
+        return {"host": host, "actor_lr": 3e-4, "critic_lr": 3e-4, "iql_tau": 0.9 if antmaze else 0.7,
+                "iql_beta": 10.0 if antmaze else 3.0}
+    a = 5.0 if antmaze else 10.0
+    return {"host": host, "actor_lr": 1e-4 if antmaze else 3e-5, "critic_lr": 3e-4, "cql_alpha": a,
+            "cql_alpha_online": a}

@@ -65,3 +65,44 @@ def td3bc_actor_loss(q: torch.Tensor, pi: torch.Tensor, act: torch.Tensor, keep:
         bc = sum((pi[i, j] - act[i, j]) ** 2 for j in range(a_dim)) / a_dim
         total = total - lam * q[i] + (bc if bool(keep[i]) else 0.0)
     return total / b
+
+
+def expectile_loss(q: torch.Tensor, v: torch.Tensor, tau: float) -> torch.Tensor:
+    """IQL's V loss: (1/B) sum_i |tau - 1(u_i < 0)| u_i^2 with u_i = q_i - v_i."""
+    total = 0.0
+    for i in range(q.shape[0]):
+        u = q[i] - v[i]
+        total = total + (tau if float(u.detach()) >= 0 else 1 - tau) * u ** 2
+    return total / q.shape[0]
+
+
+def iql_actor_loss(logp_data: torch.Tensor, adv: torch.Tensor, logp_tilde: torch.Tensor, q_tilde: torch.Tensor,
+                   keep: torch.Tensor, beta: float, clip: float, alpha: float) -> torch.Tensor:
+    """(1/B) sum_i [keep_i min(exp(beta A_i), clip) (-log pi(a_i|s_i)) + (1 - keep_i)(alpha log pi(a~_i|s_i)
+    - Q(s_i, a~_i) / mean|Q(s, a~)|)], the normaliser a constant."""
+    scale = sum(abs(float(x)) for x in q_tilde) / len(q_tilde)
+    total = 0.0
+    for i in range(adv.shape[0]):
+        if bool(keep[i]):
+            total = total + min(math.exp(beta * float(adv[i])), clip) * -logp_data[i]
+        else:
+            total = total + alpha * logp_tilde[i] - q_tilde[i] / scale
+    return total / adv.shape[0]
+
+
+def cql_gap(q_rand: torch.Tensor, q_cur: torch.Tensor, q_next: torch.Tensor, logp_cur: torch.Tensor,
+            logp_next: torch.Tensor, q_data: torch.Tensor, act_dim: int,
+            lower: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-sample CQL gap for one critic, with CQL's importance weights and Cal-QL's calibration:
+    log sum_k exp(Q(s, u_k) - log 0.5^A) + sum_k exp(max(Q(s, a_k), G) - log pi(a_k|s)) [current and next-state
+    policy draws] - Q(s, a). Inputs are (B, K) except q_data and lower (B,)."""
+    out = []
+    for i in range(q_data.shape[0]):
+        terms = [float(q_rand[i, k]) - act_dim * math.log(0.5) for k in range(q_rand.shape[1])]
+        for qs, lps in ((q_next, logp_next), (q_cur, logp_cur)):
+            for k in range(qs.shape[1]):
+                q = float(qs[i, k]) if lower is None else max(float(qs[i, k]), float(lower[i]))
+                terms.append(q - float(lps[i, k]))
+        m = max(terms)
+        out.append(m + math.log(sum(math.exp(t - m) for t in terms)) - float(q_data[i]))
+    return torch.tensor(out, dtype=torch.float64)

@@ -1,12 +1,13 @@
-"""Offline-to-online TD3+BC with DARE's sample-level constraint release, top to bottom like the paper's loop:
+"""Offline-to-online RL with DARE's sample-level constraint release, top to bottom like the paper's loop (the
+TD3+BC host here; IQL and Cal-QL in ``hosts.py``, all on :class:`DAREHost`):
 
-    pretrain TD3+BC offline on D_off
+    pretrain the host offline on D_off
     fit the behavior model mu_psi on D_off
     for each online step:
         act with pi + noise, store in D_on
         B = B_off (rho N from D_off) + B_on ((1 - rho) N from D_on)
         d = alignment score of every sample;  p = posterior online-like;  S_off = exchange(p)
-        critic: TD3 loss on all of B;  actor: -lambda Q on all of B, BC term on S_off only
+        critic: TD3 loss on all of B;  actor: -lambda Q on all of B, BC term on S_off only   (TD3+BC host)
 
 The four arms differ only in S_off (see ``DAREConfig.constraint``). Checkpoints (atomic) are taken at the first
 episode end after every ``checkpoint_every`` online steps and hold everything (networks, optimisers, both
@@ -28,13 +29,15 @@ from ...core.progress import progress
 from ...rl.buffers import OfflineBuffer, OnlineBuffer, mixed_batch
 from ...rl.checkpoint import load_checkpoint, save_checkpoint
 from ...rl.evaluation import evaluate_policy
-from ...rl.nets import Actor, GaussianPolicy, TwinQ, soft_update
+from ...rl.nets import CVAE, Actor, GaussianPolicy, TwinQ, soft_update
 from .config import DAREConfig
 from .dare import alignment_score, constrained_mask, fit_gaussians, posterior_online, separation
 
 
-class DARETD3BC:
-    """TD3+BC host with a per-sample constraint mask.
+class DAREHost:
+    """What every host shares: the behavior model mu_psi and its fitting, DARE's per-batch split into S_off / S_on,
+    offline pretraining (constraint on every sample), acting, and the checkpoint state. A host adds its networks
+    in ``_build`` (listing them in ``modules``) and its masked update ``update(batch, keep)``.
 
     Args:
         obs_dim, act_dim: sizes (actions in [-1, 1]^act_dim).
@@ -43,19 +46,111 @@ class DARETD3BC:
         seed: seeds the networks' init and the sampling generator.
     """
 
+    modules: tuple[str, ...] = ()
+
     def __init__(self, obs_dim: int, act_dim: int, config: DAREConfig, device: torch.device | str = "cpu",
                  seed: int = 0) -> None:
+        if not isinstance(config, DAREConfig):
+            raise TypeError(f"config must be a DAREConfig, got {type(config).__name__}")
+        if int(obs_dim) < 1 or int(act_dim) < 1:
+            raise ValueError(f"obs_dim and act_dim must be >= 1, got {obs_dim}, {act_dim}")
         self.config, self.device = config, torch.device(device)
+        self.obs_dim, self.act_dim = int(obs_dim), int(act_dim)
         torch.manual_seed(seed)
+        self._build(obs_dim, act_dim)
         c = config
+        beh = GaussianPolicy if c.behavior == "gaussian" else CVAE
+        self.behavior = beh(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)
+        self.n_updates = 0
+        self.online = False
+
+    def _build(self, obs_dim: int, act_dim: int) -> None:
+        raise NotImplementedError
+
+    def update(self, b: dict, keep: torch.Tensor) -> dict:
+        raise NotImplementedError
+
+    def start_online(self) -> None:
+        """Called at the offline-to-online switch (Cal-QL switches calibration off there, as CORL does)."""
+        self.online = True
+
+    def explore(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The online behavior action: the deterministic action plus Gaussian noise ``expl_noise`` (TD3), clipped."""
+        return np.clip(self.act(obs) + rng.normal(0.0, self.config.expl_noise, size=self.act_dim), -1, 1
+                       ).astype(np.float32)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return self.actor(torch.as_tensor(obs, dtype=torch.float32, device=self.device)[None])[0].cpu().numpy()
+
+    # -- phases ------------------------------------------------------------------------------------------------
+    def pretrain(self, offline: OfflineBuffer, steps: int) -> None:
+        """Offline training of the host (its constraint on every sample)."""
+        keep = torch.ones(self.config.batch_size, dtype=torch.bool, device=self.device)
+        for _ in progress(range(steps), desc=f"offline {self.config.host}"):
+            self.update(offline.sample(self.config.batch_size, self.gen), keep)
+
+    def fit_behavior(self, offline: OfflineBuffer, steps: int | None = None) -> float:
+        """Fit the behavior model mu_psi(a|s) on D_off (Gaussian: max likelihood; CVAE: BCQ's ELBO loss); returns
+        the final loss."""
+        opt = torch.optim.Adam(self.behavior.parameters(), lr=self.config.bc_lr)
+        loss_v = math.nan
+        for _ in range(self.config.bc_steps if steps is None else steps):
+            b = offline.sample(self.config.batch_size, self.gen)
+            loss = self.behavior.fit_loss(b["observations"], b["actions"], self.gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_v = float(loss.detach())
+        return loss_v
+
+    def split(self, b: dict, from_offline: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """S_off mask for this arm, plus DARE's diagnostics (fraction of B_off released, fraction of B_on kept,
+        score separation d' under the origin labels and under the exchanged labels)."""
+        c = self.config
+        diag: dict = {}
+        p = None
+        # scores are only needed by DARE (the other arms skip them: they cost a behavior-model pass per update)
+        if c.constraint == "dare" and from_offline.any() and (~from_offline).any():
+            d = alignment_score(self.behavior, b["observations"], b["actions"], c.score, c.n_ref_actions, self.gen)
+            p = posterior_online(d, fit_gaussians(d, from_offline, fit=c.fit))
+        keep = constrained_mask(c.constraint if p is not None or c.constraint != "dare" else "origin",
+                                from_offline, p, mode=c.exchange, eta=c.eta, generator=self.gen)
+        if p is not None:
+            dare_keep = keep
+            diag = {"released": float((from_offline & ~dare_keep).sum() / from_offline.sum()),
+                    "kept_online": float((~from_offline & dare_keep).sum() / (~from_offline).sum()),
+                    "sep_origin": separation(d, from_offline), "sep_exchange": separation(d, dare_keep)}
+        return keep, diag
+
+
+    # -- checkpoint --------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        mods = (*self.modules, "behavior")
+        return {**{m: getattr(self, m).state_dict() for m in mods}, "gen": self.gen.get_state(),
+                "n_updates": self.n_updates, "online": self.online, "config": asdict(self.config)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for m in (*self.modules, "behavior"):
+            getattr(self, m).load_state_dict(state[m])
+        self.gen.set_state(state["gen"])
+        self.n_updates = int(state["n_updates"])
+        self.online = bool(state.get("online", False))
+
+
+class DARETD3BC(DAREHost):
+    """TD3+BC host with a per-sample constraint mask (see :class:`DAREHost` for the arguments)."""
+
+    modules = ("actor", "critic", "actor_target", "critic_target", "actor_opt", "critic_opt")
+
+    def _build(self, obs_dim: int, act_dim: int) -> None:
+        c = self.config
         self.actor = Actor(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
         self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
         self.actor_target, self.critic_target = copy.deepcopy(self.actor), copy.deepcopy(self.critic)
-        self.behavior = GaussianPolicy(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=c.actor_lr)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.critic_lr)
-        self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)
-        self.n_updates = 0
 
     # -- losses ------------------------------------------------------------------------------------------------
     def critic_loss(self, b: dict) -> torch.Tensor:
@@ -97,63 +192,8 @@ class DARETD3BC:
             out["actor_loss"] = float(loss_pi.detach())
         return out
 
-    # -- phases ------------------------------------------------------------------------------------------------
-    def pretrain(self, offline: OfflineBuffer, steps: int) -> None:
-        """Offline TD3+BC (constraint on every sample)."""
-        keep = torch.ones(self.config.batch_size, dtype=torch.bool, device=self.device)
-        for _ in progress(range(steps), desc="offline TD3+BC"):
-            self.update(offline.sample(self.config.batch_size, self.gen), keep)
 
-    def fit_behavior(self, offline: OfflineBuffer, steps: int | None = None) -> float:
-        """Gaussian behavior cloning mu_psi(a|s) on D_off by maximum likelihood; returns the final mean NLL."""
-        opt = torch.optim.Adam(self.behavior.parameters(), lr=self.config.bc_lr)
-        nll = math.nan
-        for _ in range(self.config.bc_steps if steps is None else steps):
-            b = offline.sample(self.config.batch_size, self.gen)
-            loss = -self.behavior.log_prob(b["observations"], b["actions"]).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            nll = float(loss.detach())
-        return nll
-
-    def split(self, b: dict, from_offline: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """S_off mask for this arm, plus DARE's diagnostics (fraction of B_off released, fraction of B_on kept,
-        score separation d' under the origin labels and under the exchanged labels)."""
-        c = self.config
-        diag: dict = {}
-        p = None
-        # scores are only needed by DARE (the other arms skip them: they cost a behavior-model pass per update)
-        if c.constraint == "dare" and from_offline.any() and (~from_offline).any():
-            d = alignment_score(self.behavior, b["observations"], b["actions"], c.score, c.n_ref_actions, self.gen)
-            p = posterior_online(d, fit_gaussians(d, from_offline, fit=c.fit))
-        keep = constrained_mask(c.constraint if p is not None or c.constraint != "dare" else "origin",
-                                from_offline, p, mode=c.exchange, eta=c.eta, generator=self.gen)
-        if p is not None:
-            dare_keep = keep
-            diag = {"released": float((from_offline & ~dare_keep).sum() / from_offline.sum()),
-                    "kept_online": float((~from_offline & dare_keep).sum() / (~from_offline).sum()),
-                    "sep_origin": separation(d, from_offline), "sep_exchange": separation(d, dare_keep)}
-        return keep, diag
-
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return self.actor(torch.as_tensor(obs, dtype=torch.float32, device=self.device)[None])[0].cpu().numpy()
-
-    # -- checkpoint --------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        mods = ("actor", "critic", "actor_target", "critic_target", "behavior", "actor_opt", "critic_opt")
-        return {**{m: getattr(self, m).state_dict() for m in mods}, "gen": self.gen.get_state(),
-                "n_updates": self.n_updates, "config": asdict(self.config)}
-
-    def load_state_dict(self, state: dict) -> None:
-        for m in ("actor", "critic", "actor_target", "critic_target", "behavior", "actor_opt", "critic_opt"):
-            getattr(self, m).load_state_dict(state[m])
-        self.gen.set_state(state["gen"])
-        self.n_updates = int(state["n_updates"])
-
-
-def finetune(agent: DARETD3BC, env, eval_env, offline: OfflineBuffer, online_steps: int, *, eval_every: int,
+def finetune(agent: DAREHost, env, eval_env, offline: OfflineBuffer, online_steps: int, *, eval_every: int,
              eval_episodes: int, seed: int, checkpoint: str | Path | None = None, checkpoint_every: int = 1000,
              stop_after: int | None = None) -> dict:
     """The online phase (UTD 1). Returns ``{"curve": [[step, normalized], ...], "diag": {...means...},
@@ -164,6 +204,7 @@ def finetune(agent: DARETD3BC, env, eval_env, offline: OfflineBuffer, online_ste
     buf = OnlineBuffer(obs_dim, act_dim, max(online_steps, 1), agent.device, reward_scale=c.reward_scale,
                        reward_bias=c.reward_bias)
     rng = np.random.default_rng(seed + 2)
+    agent.start_online()
     step, last_ckpt, curve, diags = 0, 0, [], []
     state = load_checkpoint(checkpoint) if checkpoint is not None else None
     if state is not None:
@@ -178,7 +219,7 @@ def finetune(agent: DARETD3BC, env, eval_env, offline: OfflineBuffer, online_ste
         obs, _ = env.reset(seed=seed)
     bar = progress(range(step, online_steps), desc=f"online [{c.constraint}]", total=online_steps - step)
     for step in bar:
-        action = np.clip(agent.act(obs) + rng.normal(0.0, c.expl_noise, size=act_dim), -1, 1).astype(np.float32)
+        action = agent.explore(obs, rng)
         nxt, r, terminated, truncated, _ = env.step(action)
         buf.add(obs, action, r, nxt, terminated)
         obs = nxt
