@@ -11,6 +11,8 @@ PIP_EXTRA ?=
 EXTRAS ?= all,dev
 TIER ?= quick
 OUT ?= results
+# Specs run JOBS at a time, each in its own process with cpu_count / JOBS torch threads.
+JOBS ?= 2
 
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -34,7 +36,7 @@ install: $(STAMP)
 
 # `icml26 reproduce` writes $(OUT)/report.html and $(OUT)/report.md when it finishes.
 reproduce: $(STAMP)
-	$(VENV)/bin/icml26 reproduce --tier $(TIER) --out $(OUT)
+	$(VENV)/bin/icml26 reproduce --tier $(TIER) --out $(OUT) --jobs $(JOBS)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q

@@ -49,7 +49,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     try:
         results = reproduce(args.rooms or None, args.tier, Path(args.out), n_seeds=args.seeds, force=args.force,
                             spec_ids=args.spec, device=args.device,
-                            precision=None if args.dtype == "fp32" else args.dtype)
+                            precision=None if args.dtype == "fp32" else args.dtype, jobs=args.jobs)
     except ValueError as err:  # an unknown --spec, an unreadable result file: said in one line
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -62,6 +62,16 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         page, _ = write_report(Path(args.out))
         print(f"report: {page}")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def _device_problem(name: str) -> str | None:
@@ -130,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="results directory (default: results)")
     p.add_argument("--spec", action="append", help="only run this spec id (repeatable)")
     p.add_argument("--force", action="store_true", help="rerun specs whose results are complete")
+    p.add_argument("--jobs", type=_positive_int, default=1, help="run this many specs at once, each in its own "
+                   "process with cpu_count / JOBS torch threads (default 1: one after another in this process)")
     p.add_argument("--device", default=None, help="torch device the claims run on, e.g. cuda (default: CPU); "
                    "recorded in each result")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="fp32 (default), or mixed "

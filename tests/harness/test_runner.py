@@ -287,3 +287,33 @@ def test_device_becomes_the_default_device_and_is_recorded(tmp_path):
     from icml26.cli import main
 
     assert main(["reproduce", "salaad", "--tier", "smoke", "--out", str(tmp_path), "--device", "nonsense"]) == 2
+
+
+def test_jobs_run_specs_in_worker_processes_with_the_same_results_as_in_process(tmp_path):
+    """``jobs=2`` runs each spec in its own process (one torch thread each on 2 cores) and returns the results
+    in spec order; salaad's smoke claims are small enough to run twice here."""
+    import os
+
+    from icml26.harness.runner import reproduce
+
+    serial = reproduce(["salaad"], "smoke", tmp_path / "serial")
+    parallel = reproduce(["salaad"], "smoke", tmp_path / "parallel", jobs=2)
+    assert [r["spec"] for r in parallel] == [r["spec"] for r in serial] == ["budget_curve", "high_budget"]
+    for a, b in zip(serial, parallel):
+        assert b["status"] == "complete" and b["verdict"] == a["verdict"]
+        assert b["statistics"].keys() == a["statistics"].keys()
+        for name in a["statistics"]:
+            assert b["statistics"][name]["per_seed"] == pytest.approx(a["statistics"][name]["per_seed"], rel=1e-4,
+                                                                      abs=1e-6, nan_ok=True)
+        assert b["run_info"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
+        assert (tmp_path / "parallel" / "salaad" / f"{b['spec']}.json").exists()
+    with pytest.raises(ValueError, match="jobs"):
+        reproduce(["salaad"], "smoke", tmp_path / "x", jobs=0)
+
+
+def test_cli_rejects_a_bad_jobs_count(capsys):
+    from icml26.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["reproduce", "salaad", "--jobs", "0"])
+    assert "positive integer" in capsys.readouterr().err
