@@ -32,16 +32,17 @@ import torch
 from ...core.progress import progress
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import LogGrid, tune_per_arm
-from .baselines import run_fedclip, run_promptfl
+from .baselines import run_fedclip, run_fedmaple, run_promptfl
 from .config import EncoderConfig, FedDTLConfig
 from .data import digit_prompt, domain_separability, label_skew, make_task, sklearn_digits_images
 from .model import load_pretrained, zero_shot_accuracy
 from .reference import run_federation, zero_shot
 
 ROOM = "feddtl"
-ARMS = ("feddtl", "fedlora", "zero_shot", "decoupled_only", "two_stage_only", "promptfl", "fedclip")
-FROZEN_TOWER_ARMS = {"promptfl": run_promptfl, "fedclip": run_fedclip}
-"""Baselines that train only a small module with both towers frozen, at fedlora's rounds and SFT local epochs."""
+ARMS = ("feddtl", "fedlora", "zero_shot", "decoupled_only", "two_stage_only", "promptfl", "fedclip", "fedmaple")
+FROZEN_TOWER_ARMS = {"promptfl": run_promptfl, "fedclip": run_fedclip, "fedmaple": run_fedmaple}
+"""Baselines that train only prompts or a small module with both towers frozen, at fedlora's rounds and SFT local
+epochs; each runs where its tier config sets its name to True."""
 SWITCHES = {"feddtl": (True, True), "fedlora": (False, False), "decoupled_only": (True, False),
             "two_stage_only": (False, True)}
 """arm -> (decoupled, two_stage)."""
@@ -167,7 +168,7 @@ TIERS = {
     "smoke": {"encoder": _SMOKE_ENCODER, "n_base": 4, "n_novel": 3, "num_clients": 3, "train_per_class": 8,
               "val_per_class": 3, "test_per_class": 4, "split": "dirichlet", "alpha": 0.1, "rounds": 2,
               "sft_rounds": 1, "sft_epochs": 1, "rl_epochs": 1, "batch_size": 16, "server_epochs": 1,
-              "eval_every": 0, "ablations": True, "promptfl": True, "fedclip": True},
+              "eval_every": 0, "ablations": True, "promptfl": True, "fedclip": True, "fedmaple": True},
     "quick": {"encoder": {}, "n_base": 10, "n_novel": 10, "num_clients": 5, "train_per_class": 32,
               "val_per_class": 10, "test_per_class": 30, "split": "dirichlet", "alpha": 0.1, "rounds": 10,
               "sft_rounds": 5, "sft_epochs": 2, "rl_epochs": 3, "batch_size": 32, "server_epochs": 1,
@@ -175,7 +176,7 @@ TIERS = {
     "full": {"encoder": {}, "n_base": 20, "n_novel": 20, "num_clients": 5, "train_per_class": 100,
              "val_per_class": 20, "test_per_class": 50, "split": "dirichlet", "alpha": 0.1, "rounds": 20,
              "sft_rounds": 10, "sft_epochs": 2, "rl_epochs": 3, "batch_size": 64, "server_epochs": 1,
-             "eval_every": 2, "ablations": True, "promptfl": True, "fedclip": True},
+             "eval_every": 2, "ablations": True, "promptfl": True, "fedclip": True, "fedmaple": True},
 }
 SEEDS = {"smoke": 1, "quick": 5, "full": 5}
 _CHECKS = (
@@ -200,7 +201,7 @@ _NOTES = ("Tiny ViT/transformer dual encoder pretrained in the room on generated
 # (10 + 10 classes, 5 clients, 10 rounds, same epochs and batch) with the promptfl and fedclip baselines, and
 # changes one thing: the partition or the number of training images per base class.
 _REGIME_BASE = {**TIERS["quick"], "promptfl": True, "fedclip": True}
-_SMOKE_BASE = {**TIERS["smoke"], "ablations": False}
+_SMOKE_BASE = {**TIERS["smoke"], "ablations": False, "fedmaple": False}
 REGIMES = {
     "hm_gain_pathological": ({"split": "pathological", "classes_per_client": 2},
                              "a pathological split: every client holds 2 of the 10 base classes"),
