@@ -317,3 +317,19 @@ def test_cli_rejects_a_bad_jobs_count(capsys):
     with pytest.raises(SystemExit):
         main(["reproduce", "salaad", "--jobs", "0"])
     assert "positive integer" in capsys.readouterr().err
+
+
+def test_a_spec_that_pins_torch_threads_does_not_change_them_for_the_next(tmp_path):
+    import torch
+
+    def run(config, seed, prepared):
+        torch.set_num_threads(1)
+        return {"arms": {"method": {"x": 1.0}, "baseline": {"x": 0.0}}, "statistics": {"gain": 1.0}}
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        run_spec(_spec(run), "smoke", tmp_path)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

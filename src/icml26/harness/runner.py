@@ -98,6 +98,20 @@ def _default_device(device: str | None):
         yield
 
 
+@contextlib.contextmanager
+def _torch_threads_kept():
+    """Restore torch's thread count after a spec: some specs pin one thread, and in a sequential run that
+    would otherwise carry over into every later room (and change its numbers)."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    try:
+        yield
+    finally:
+        torch = sys.modules.get("torch")
+        if torch is not None and before is not None and torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 PRECISIONS = {"bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -254,7 +268,7 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     try:
         with PeakRSS() as mem, metric_log(metrics_path) as logger, _default_device(device), \
-                _autocast(precision, device):
+                _autocast(precision, device), _torch_threads_kept():
             if spec.prepare is not None and prepared is None:
                 logger.tags = {"phase": "prepare"}
                 result["prepared"] = prepared = spec.prepare(config)
