@@ -1,12 +1,17 @@
 """Laptop-scale check of DARE (arXiv 2511.03828) on the antmaze-like ``icml26/PointNavWall-v0``.
 
-One seed: TD3+BC is pretrained offline on the ``medium`` nav dataset (made here, D4RL layout) and a Gaussian
-behavior model is fitted on it; from that one pretrained state every arm fine-tunes online for the same number of
-environment steps (UTD 1, mixing ratio 0.5), differing only in which samples keep TD3+BC's BC constraint:
+One seed: the host (TD3+BC at the quick tier; IQL or Cal-QL at the full tier) is pretrained offline on the
+``medium`` nav dataset (made here, D4RL layout) and a behavior model is fitted on it; from that one pretrained
+state every arm fine-tunes online for the same number of environment steps (UTD 1, mixing ratio 0.5), differing
+only in which samples keep the host's offline constraint:
 
 * ``dare``: by behavioral consistency (score -> posterior -> exchange), the method;
 * ``origin``: offline-origin samples keep it, online ones not (the usual practice DARE argues against; baseline);
-* ``keep_all``: every sample keeps it (TD3+BC continued); ``drop_all``: nobody (TD3 online).
+* ``keep_all``: every sample keeps it (the host continued; for the Cal-QL host this is CORL's Cal-QL recipe);
+  ``drop_all``: nobody (TD3 / SAC-style online).
+
+The constraint's strength (TD3+BC's alpha, IQL's beta, Cal-QL's online CQL weight) is what ``origin`` and
+``keep_all`` are tuned over, around the host's CORL default; DARE is tuned over its reconstructed variants.
 
 Statistic (pre-registered in the README): ``final_gain`` = normalised return of dare minus origin after the
 online budget (mean of the last two evaluations, 20 episodes each), paired per seed.
@@ -29,13 +34,16 @@ from ...rl import NAV_ENV_ID, make_env
 from ...rl.behavior import cached_dataset, generate
 from ...rl.buffers import OfflineBuffer
 from ...rl.evaluation import evaluate_policy
-from .config import DAREConfig
-from .trainer import DARETD3BC, finetune
+from .config import DAREConfig, corl_defaults
+from .hosts import make_agent
+from .trainer import finetune
 
 ARMS = ("dare", "origin", "keep_all", "drop_all")
 CONSTRAINT = {"dare": "dare", "origin": "origin", "keep_all": "all", "drop_all": "none"}
 DARE_VARIANTS = ("kl_mean/moments/threshold", "nll/moments/threshold", "kl_mean/moments/stochastic")
 """The reconstructed parts tuned as options (score / fit / exchange), 3 options = the baselines' grid size."""
+STRENGTH = {"td3bc": "alpha", "iql": "iql_beta", "calql": "cql_alpha_online"}
+"""Per host, the field that sets the offline constraint's strength (tuned for origin and keep_all)."""
 _PRETRAINED: dict[str, dict] = {}
 
 
@@ -44,19 +52,22 @@ def _device() -> torch.device:
 
 
 def base_config(config: Mapping[str, Any]) -> DAREConfig:
-    return DAREConfig(hidden=config["hidden"], layers=config["layers"], batch_size=config["batch_size"],
-                      reward_bias=config["reward_bias"], bc_steps=config["bc_steps"])
+    host = config.get("host", "td3bc")
+    return DAREConfig(**corl_defaults(host, antmaze=config.get("sparse", True)), hidden=config["hidden"],
+                      layers=config["layers"], batch_size=config["batch_size"], reward_bias=config["reward_bias"],
+                      bc_steps=config["bc_steps"], behavior=config.get("behavior", "gaussian"))
 
 
 def arm_config(arm: str, value: Any, config: Mapping[str, Any]) -> DAREConfig:
-    """The arm's config with its tuned value: DARE's variant string, TD3+BC's alpha, or TD3's actor lr."""
+    """The arm's config with its tuned value: DARE's variant string, the constraint strength (``STRENGTH``) for
+    origin / keep_all, or the actor lr for drop_all."""
     cfg = replace(base_config(config), constraint=CONSTRAINT[arm])
     if arm == "dare":
         score, fit, exchange = value.split("/")
         return replace(cfg, score=score, fit=fit, exchange=exchange)
     if arm == "drop_all":
         return replace(cfg, actor_lr=float(value))
-    return replace(cfg, alpha=float(value))
+    return replace(cfg, **{STRENGTH[cfg.host]: float(value)})
 
 
 def dataset(config: Mapping[str, Any]) -> dict:
@@ -70,8 +81,10 @@ def pretrained(config: Mapping[str, Any], seed: int) -> dict:
     key = json.dumps({**dict(config), "seed": seed}, sort_keys=True, default=str)
     if key not in _PRETRAINED:
         cfg = base_config(config)
-        offline = OfflineBuffer(dataset(config), _device(), reward_bias=cfg.reward_bias)
-        agent = DARETD3BC(2, 2, cfg, _device(), seed=seed)
+        offline = OfflineBuffer(dataset(config), _device(), reward_bias=cfg.reward_bias,
+                                mc_discount=cfg.discount if cfg.host == "calql" else None,
+                                sparse_failure_reward=cfg.reward_bias if cfg.host == "calql" else None)
+        agent = make_agent(2, 2, cfg, _device(), seed=seed)
         agent.pretrain(offline, config["offline_steps"])
         nll = agent.fit_behavior(offline)
         score = evaluate_policy(make_env(NAV_ENV_ID), agent.act, config["eval_episodes"], 10_000 + seed)
@@ -83,7 +96,7 @@ def pretrained(config: Mapping[str, Any], seed: int) -> dict:
 
 def online_run(arm: str, value: Any, config: Mapping[str, Any], seed: int) -> dict:
     base = pretrained(config, seed)
-    agent = DARETD3BC(2, 2, arm_config(arm, value, config), _device(), seed=seed)
+    agent = make_agent(2, 2, arm_config(arm, value, config), _device(), seed=seed)
     agent.load_state_dict({**base["state"], "config": None})
     # a fresh actor optimiser when the arm's lr differs from pretraining (drop_all's tuned lr)
     for group in agent.actor_opt.param_groups:
@@ -101,7 +114,8 @@ def prepare(config: Mapping[str, Any]) -> dict:
     """Per-arm tuning on tuning seed 1000 (never reported), score = final normalised return, same 3-point budget
     for dare (its reconstructed variants), origin and keep_all (alpha); drop_all runs untuned at CORL's lr."""
     torch.set_num_threads(1)
-    grids = {"dare": ListGrid(DARE_VARIANTS), "origin": LogGrid(center=2.5), "keep_all": LogGrid(center=2.5)}
+    center = getattr(base_config(config), STRENGTH[config.get("host", "td3bc")])
+    grids = {"dare": ListGrid(DARE_VARIANTS), "origin": LogGrid(center=center), "keep_all": LogGrid(center=center)}
 
     def score(arm: str, value: Any, seed: int) -> float:
         res = online_run(arm, value, {**config, "online_steps": config["tune_online_steps"]}, seed)
@@ -111,7 +125,7 @@ def prepare(config: Mapping[str, Any]) -> dict:
     tuning = tune_per_arm(grids, score, mode="max", desc="dare tuning")
     # drop_all is a context arm at CORL's default actor lr: it collapsed to 0 at every lr tried on the tuning
     # seed, so a tie-broken grid edge would fail the tuning check for an arm the verdict does not use (README).
-    tuning["chosen"]["drop_all"] = DAREConfig.actor_lr
+    tuning["chosen"]["drop_all"] = base_config(config).actor_lr
     return {"tuning": tuning}
 
 
@@ -124,6 +138,7 @@ def run_claim(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any])
         log_metrics(config["online_steps"], arm=arm, final=r["final"], auc=r["auc"], dip=r["dip"])
     arms = {arm: {"final": r["final"], "auc": r["auc"], "dip": r["dip"], "start": r["start"]} for arm, r in runs.items()}
     d = runs["dare"]["diag"]
+    # score separation d' under the origin labels (before the exchange) and under DARE's labels (after)
     arms["dare"].update({k: d.get(k, math.nan) for k in ("released", "kept_online", "sep_origin", "sep_exchange")})
     stats = {"final_gain": runs["dare"]["final"] - runs["origin"]["final"],
              "auc_gain": runs["dare"]["auc"] - runs["origin"]["auc"],
@@ -145,7 +160,8 @@ def plot_curves(result: dict, ax) -> None:
 
 
 def _tier(offline_steps: int, online_steps: int, **kw: Any) -> dict:
-    cfg = {"level": "medium", "transitions": 20000, "data_seed": 0, "cache_data": True, "hidden": 64, "layers": 2,
+    cfg = {"host": "td3bc", "level": "medium", "transitions": 20000, "data_seed": 0, "cache_data": True,
+           "hidden": 64, "layers": 2,
            "batch_size": 256, "reward_bias": -1.0, "bc_steps": 1000, "offline_steps": offline_steps,
            "online_steps": online_steps, "tune_online_steps": online_steps, "eval_every": max(online_steps // 6, 1),
            "eval_episodes": 20}
@@ -157,25 +173,55 @@ COMPARATOR = Comparator(
     "normalised return of DARE minus the origin split after the online budget (mean of the last two evaluations), "
     "paired per seed, > 0")
 
+
+
+def _checks(host: str) -> tuple:
+    return (MechanismCheck("offline_score", ">=", 10.0, f"offline {host} reaches a normalised score >= 10"),
+            MechanismCheck("exchanged_fraction", ">=", 0.01, "DARE moves >= 1% of samples across the origin "
+                           "split (mean of released-offline and kept-online fractions)"),
+            MechanismCheck("exchanged_fraction_max", "<=", 0.9, "DARE does not move (almost) every sample"))
+
+
+CLAIM = ("Sample-level constraint release by behavioral consistency fine-tunes offline-to-online better than "
+         "releasing the constraint by data origin")
+PAPER_REF = "arXiv 2511.03828, abstract and D4RL experiments (no number readable; ICLR-26 reviews)"
+METRIC = "normalised return (100 = scripted expert, 0 = random) after the online budget"
+
 SPECS = [
     ExperimentSpec(
-        id="dare_vs_origin", room="dare",
-        claim="Sample-level constraint release by behavioral consistency fine-tunes offline-to-online better than "
-              "releasing the constraint by data origin",
-        paper_ref="arXiv 2511.03828, abstract and D4RL experiments (no number readable; ICLR-26 reviews)",
-        metric="normalised return (100 = scripted expert, 0 = random) after the online budget",
+        id="dare_vs_origin", room="dare", claim=CLAIM, paper_ref=PAPER_REF, metric=METRIC,
         arms=ARMS, baseline="origin", comparator=COMPARATOR, run=run_claim, prepare=prepare, plot=plot_curves,
         tiers={"smoke": _tier(20, 20, transitions=600, cache_data=False, bc_steps=10, eval_every=10,
                               eval_episodes=2, tune_online_steps=10, batch_size=32, hidden=16),
-               "quick": _tier(2000, 1500),
+               "quick": _tier(4000, 1000, eval_every=200),
                "full": _tier(10000, 10000, hidden=256, eval_episodes=50)},
-        seeds={"smoke": 1, "quick": 5, "full": 5},
-        checks=(MechanismCheck("offline_score", ">=", 10.0, "offline TD3+BC reaches a normalised score >= 10"),
-                MechanismCheck("exchanged_fraction", ">=", 0.01, "DARE moves >= 1% of samples across the origin "
-                               "split (mean of released-offline and kept-online fractions)"),
-                MechanismCheck("exchanged_fraction_max", "<=", 0.9, "DARE does not move (almost) every sample")),
+        seeds={"smoke": 1, "quick": 4, "full": 5},
+        checks=_checks("TD3+BC"),
         null_value=0.0,
-        notes="TD3+BC host only (IQL and Cal-QL hosts not built); Gaussian BC behavior model; 2x64 MLPs; nav task "
-              "instead of D4RL AntMaze; arms share one offline pretraining per seed.",
+        notes="TD3+BC host; Gaussian BC behavior model; 2x64 MLPs at the quick tier; nav task instead of D4RL "
+              "AntMaze; arms share one offline pretraining per seed (protocol v2, README).",
+    ),
+    ExperimentSpec(
+        id="dare_vs_origin_iql", room="dare", claim=CLAIM, paper_ref=PAPER_REF, metric=METRIC,
+        arms=ARMS, baseline="origin", comparator=COMPARATOR, run=run_claim, prepare=prepare, plot=plot_curves,
+        tiers={"smoke": _tier(20, 20, host="iql", transitions=600, cache_data=False, bc_steps=10, eval_every=10,
+                              eval_episodes=2, tune_online_steps=10, batch_size=32, hidden=16),
+               "full": _tier(6000, 3000, host="iql", eval_every=500)},
+        seeds={"smoke": 1, "full": 4},
+        checks=_checks("IQL"),
+        null_value=0.0,
+        notes="IQL host (CORL antmaze tau 0.9, beta 10); relaxed objective on S_on [REC]; full tier only.",
+    ),
+    ExperimentSpec(
+        id="dare_vs_origin_calql", room="dare", claim=CLAIM, paper_ref=PAPER_REF, metric=METRIC,
+        arms=ARMS, baseline="origin", comparator=COMPARATOR, run=run_claim, prepare=prepare, plot=plot_curves,
+        tiers={"smoke": _tier(20, 20, host="calql", transitions=600, cache_data=False, bc_steps=10, eval_every=10,
+                              eval_episodes=2, tune_online_steps=10, batch_size=32, hidden=16),
+               "full": _tier(6000, 3000, host="calql", eval_every=500)},
+        seeds={"smoke": 1, "full": 4},
+        checks=_checks("Cal-QL"),
+        null_value=0.0,
+        notes="Cal-QL host (CORL antmaze: policy lr 1e-4, cql_alpha 5, calibration offline only); keep_all is "
+              "CORL's Cal-QL O2O recipe; full tier only.",
     ),
 ]
