@@ -20,6 +20,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--frames", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tier", default="quick", choices=["quick", "full"], help="model and grid of this tier")
     ap.add_argument("--out", default="results/benchmarks/omni_fmri_step_cost.json")
     args = ap.parse_args()
 
@@ -31,9 +32,10 @@ def main() -> None:
     from icml26.methods.omni_fmri.simulate import SimSpec, simulate
 
     torch.set_num_threads(args.threads)
-    ds = simulate(2, max(1, args.batch // 2), 0, SimSpec(frames=args.frames))
+    config = {**TIERS[args.tier], "frames": args.frames}
+    spec = SimSpec(shape=tuple(config["shape"]), voxel_mm=config["voxel_mm"], frames=args.frames)
+    ds = simulate(2, max(1, args.batch // 2), 0, spec)
     x = ds.tensor()[:args.batch]
-    config = {**TIERS["quick"], "frames": args.frames}
     rows = {}
     for arm in PATCHING:
         cfg = model_config(config, arm)
