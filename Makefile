@@ -11,7 +11,7 @@ PIP_EXTRA ?=
 EXTRAS ?= all,dev
 TIER ?= quick
 OUT ?= results
-# Specs run JOBS at a time, each in its own process with cpu_count / JOBS torch threads.
+# Rooms run JOBS at a time, each in its own process with cpu_count / JOBS torch threads.
 JOBS ?= 2
 
 PY := $(VENV)/bin/python

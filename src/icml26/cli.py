@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="results directory (default: results)")
     p.add_argument("--spec", action="append", help="only run this spec id (repeatable)")
     p.add_argument("--force", action="store_true", help="rerun specs whose results are complete")
-    p.add_argument("--jobs", type=_positive_int, default=1, help="run this many specs at once, each in its own "
+    p.add_argument("--jobs", type=_positive_int, default=1, help="run this many rooms at once, each in its own "
                    "process with cpu_count / JOBS torch threads (default 1: one after another in this process)")
     p.add_argument("--device", default=None, help="torch device the claims run on, e.g. cuda (default: CPU); "
                    "recorded in each result")

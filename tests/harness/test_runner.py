@@ -289,16 +289,19 @@ def test_device_becomes_the_default_device_and_is_recorded(tmp_path):
     assert main(["reproduce", "salaad", "--tier", "smoke", "--out", str(tmp_path), "--device", "nonsense"]) == 2
 
 
-def test_jobs_run_specs_in_worker_processes_with_the_same_results_as_in_process(tmp_path):
-    """``jobs=2`` runs each spec in its own process (one torch thread each on 2 cores) and returns the results
-    in spec order; salaad's smoke claims are small enough to run twice here."""
+SMALL_SPECS = ("budget_curve", "high_budget", "teacher_student")
+
+
+def test_jobs_run_rooms_in_worker_processes_with_the_same_results_as_in_process(tmp_path):
+    """``jobs=2`` runs each room in its own process (one torch thread each on 2 cores) and returns the results
+    in spec order; the smoke claims of salaad and scalora are small enough to run twice here."""
     import os
 
     from icml26.harness.runner import reproduce
 
-    serial = reproduce(["salaad"], "smoke", tmp_path / "serial")
-    parallel = reproduce(["salaad"], "smoke", tmp_path / "parallel", jobs=2)
-    assert [r["spec"] for r in parallel] == [r["spec"] for r in serial] == ["budget_curve", "high_budget"]
+    serial = reproduce(["salaad", "scalora"], "smoke", tmp_path / "serial", spec_ids=SMALL_SPECS)
+    parallel = reproduce(["salaad", "scalora"], "smoke", tmp_path / "parallel", spec_ids=SMALL_SPECS, jobs=2)
+    assert [r["spec"] for r in parallel] == [r["spec"] for r in serial] == list(SMALL_SPECS)
     for a, b in zip(serial, parallel):
         assert b["status"] == "complete" and b["verdict"] == a["verdict"]
         assert b["statistics"].keys() == a["statistics"].keys()
@@ -306,7 +309,7 @@ def test_jobs_run_specs_in_worker_processes_with_the_same_results_as_in_process(
             assert b["statistics"][name]["per_seed"] == pytest.approx(a["statistics"][name]["per_seed"], rel=1e-4,
                                                                       abs=1e-6, nan_ok=True)
         assert b["run_info"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
-        assert (tmp_path / "parallel" / "salaad" / f"{b['spec']}.json").exists()
+        assert (tmp_path / "parallel" / b["room"] / f"{b['spec']}.json").exists()
     with pytest.raises(ValueError, match="jobs"):
         reproduce(["salaad"], "smoke", tmp_path / "x", jobs=0)
 

@@ -322,10 +322,11 @@ def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int
               precision: str | None = None, jobs: int = 1) -> list[dict]:
     """Run every spec of ``rooms`` (all implemented rooms when None) and return their results, in spec order.
 
-    ``jobs`` > 1 runs that many specs at once, each in a fresh worker process with ``cpu_count // jobs`` torch
-    threads (so ``jobs=2`` on 2 cores gives each spec one core). A fresh process per spec also keeps one room's
-    global settings (torch threads, default dtype, RNG state) from leaking into the next. Specs whose earlier
-    result in ``out`` took longest start first, which packs the workers better on a rerun."""
+    ``jobs`` > 1 runs that many rooms at once, each in a fresh worker process with ``cpu_count // jobs`` torch
+    threads (so ``jobs=2`` on 2 cores gives each room one core). A room's specs stay together in one process
+    because several rooms share trainings between their specs in memory. A fresh process per room also keeps one
+    room's global settings (torch threads, default dtype, RNG state) from leaking into the next. Rooms whose
+    earlier results in ``out`` took longest start first, which packs the workers better on a rerun."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
     names = list(rooms) if rooms else reproducible_rooms()
@@ -337,32 +338,37 @@ def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int
                          f"{', '.join(spec.id for spec in chosen)}")
     todo = [spec for spec in chosen if (not wanted or spec.id in wanted) and tier in spec.tiers]
     options = dict(n_seeds=n_seeds, force=force, device=device, precision=precision)
-    if jobs == 1 or len(todo) <= 1:
+    by_room: dict[str, list[str]] = {}
+    for spec in todo:
+        by_room.setdefault(spec.room, []).append(spec.id)
+    if jobs == 1 or len(by_room) <= 1:
         return [run_spec(spec, tier, out, **options) for spec in todo]
-    return _reproduce_in_workers(todo, tier, out, jobs, options)
+    return _reproduce_in_workers(todo, by_room, tier, out, jobs, options)
 
 
-def _reproduce_in_workers(todo: list[ExperimentSpec], tier: str, out: Path, jobs: int, options: dict) -> list[dict]:
+def _reproduce_in_workers(todo: list[ExperimentSpec], by_room: dict[str, list[str]], tier: str, out: Path,
+                          jobs: int, options: dict) -> list[dict]:
     import multiprocessing
     from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    order = sorted(range(len(todo)), key=lambda i: -_earlier_wall_time(result_path(out, todo[i])))
-    # Specs are sent by (room, id), not pickled: several rooms build their run functions as closures.
+    earlier = {room: sum(_earlier_wall_time(result_path(out, s)) for s in todo if s.room == room) for room in by_room}
+    # Rooms are sent by name and spec id, not pickled: several rooms build their run functions as closures.
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
                                max_tasks_per_child=1)
     futures = {}
     try:
-        for i in order:
-            futures[i] = pool.submit(_run_spec_in_worker, todo[i].room, todo[i].id, tier, str(out), threads, options)
+        for room in sorted(by_room, key=lambda r: -earlier[r]):
+            futures[room] = pool.submit(_run_room_in_worker, room, by_room[room], tier, str(out), threads, options)
         finished, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
         for future in finished:
-            future.result()  # re-raises the first spec that failed, after the running ones finish below
+            future.result()  # re-raises the first room that failed, after the running ones finish below
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    return [futures[i].result() for i in range(len(todo))]
+    results = {(r["room"], r["spec"]): r for future in futures.values() for r in future.result()}
+    return [results[(spec.room, spec.id)] for spec in todo]
 
 
 def _earlier_wall_time(path: Path) -> float:
@@ -373,10 +379,11 @@ def _earlier_wall_time(path: Path) -> float:
         return 0.0
 
 
-def _run_spec_in_worker(room: str, spec_id: str, tier: str, out: str, threads: int, options: dict) -> dict:
-    """Worker-process entry of ``reproduce(jobs > 1)``: find the spec by room and id, then run it."""
+def _run_room_in_worker(room: str, spec_ids: list[str], tier: str, out: str, threads: int,
+                        options: dict) -> list[dict]:
+    """Worker-process entry of ``reproduce(jobs > 1)``: run the given specs of one room, in order."""
     import torch
 
     torch.set_num_threads(threads)
-    spec = next(s for s in specs_for(room) if s.id == spec_id)
-    return run_spec(spec, tier, Path(out), **options)
+    specs = {s.id: s for s in specs_for(room)}
+    return [run_spec(specs[spec_id], tier, Path(out), **options) for spec_id in spec_ids]
