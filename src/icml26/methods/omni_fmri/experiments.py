@@ -314,7 +314,7 @@ def _plot_ablation(result: dict, ax) -> None:
     ax.legend(fontsize=7)
 
 
-_ABLATION_SMOKE = {**TIERS["smoke"], "arms": list(ABLATION_ARMS)}
+_ABLATION_SMOKE = {**TIERS["smoke"], "arms": ["std", "entropy", "random", "tau0"]}
 ABLATION_TIERS = {
     "smoke": _ABLATION_SMOKE,
     "full": {**TIERS["quick"], "base_steps": 60, "arms": list(ABLATION_ARMS)},
