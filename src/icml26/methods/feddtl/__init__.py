@@ -5,7 +5,8 @@ Public objects: :class:`FedDTLConfig`, :class:`EncoderConfig`, the tiny dual enc
 the plain algorithm (:func:`run_federation`, :func:`client_update`, :func:`server_update`) and the Flower layer
 (:mod:`icml26.methods.feddtl.flower`: ``make_client_app``, ``make_strategy_class``, ``run_simulation_federation``),
 the loopback multi-process deployment (:mod:`icml26.methods.feddtl.deploy`: ``run_deployed_federation``,
-``icml26 feddtl``) and the frozen-tower baselines (:mod:`icml26.methods.feddtl.baselines`: PromptFL, FedCLIP).
+``icml26 feddtl``) and the frozen-tower baselines (:mod:`icml26.methods.feddtl.baselines`: PromptFL, FedCLIP,
+FedMaPLe).
 """
 
 from .config import EncoderConfig, FedDTLConfig
