@@ -408,3 +408,7 @@ def test_layout_and_reconstruction_picture_for_a_users_nifti(tmp_path):
     assert (tmp_path / "w.png").exists()
     with pytest.raises(ValueError, match="steps"):
         main([str(path), *opts, "--steps", "0", "--out", str(tmp_path / "x.png")])
+    with pytest.raises(ValueError, match="does not fit"):  # weights of another width
+        main([str(path), *opts[:-3], "--width", "32", "--reconstruct", "--weights", str(tmp_path / "w.pt"),
+              "--out", str(tmp_path / "y.png")])
+    assert not (tmp_path / "x.png").exists() and not (tmp_path / "y.png").exists()

@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.weights and not args.reconstruct:
         ap.error("--weights is only used with --reconstruct")
+    if args.reconstruct and not args.weights and args.steps < 1:
+        raise ValueError(f"--steps must be >= 1 to pretrain a model for the reconstruction panels, got {args.steps}")
     cfg = OmniFMRIConfig(in_frames=args.frames, thresholds=(args.tau,), embed_dim=args.width, depth=args.depth,
                          num_heads=4, decoder_embed_dim=args.width, decoder_depth=1, decoder_num_heads=4)
     if args.simulated or not args.nifti:
@@ -131,7 +133,12 @@ def main(argv: list[str] | None = None) -> None:
 
         if args.weights:
             model = OmniMAE(cfg, tuple(chunks.shape[2:]))
-            model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
+            try:
+                model.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
+            except RuntimeError as err:  # shapes differ: say which options must match
+                raise ValueError(f"{args.weights} does not fit an OmniMAE with --frames {args.frames} --width "
+                                 f"{args.width} --depth {args.depth} on the grid {tuple(chunks.shape[2:])}: "
+                                 f"{str(err).splitlines()[0]}") from err
         else:
             model = fit_small_mae(chunks, cfg, steps=args.steps)
     counts = render_layout_png(chunks[0], cfg, args.out, model=model)
