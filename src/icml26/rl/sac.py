@@ -244,19 +244,24 @@ def record(env_id: str, level: str, n_transitions: int, *, seed: int = 0, src: s
                 "timeouts": np.asarray(state["timeouts"][:n], dtype=np.float32)}
         data["timeouts"][-1] = 1.0 - data["terminals"][-1]
         return {"data": validate(data), "meta": meta}
-    actor = None
-    if level != "random":
+    if level == "random":
+        act = lambda o: rng.uniform(-1, 1, size=env.action_space.shape).astype(np.float32)  # noqa: E731
+    else:
         snap = load_checkpoint(src / f"actor-{picks[level][0]}.pt")
         actor = TanhGaussianActor(env.observation_space.shape[0], env.action_space.shape[0], snap["hidden"],
                                   snap["layers"])
         actor.load_state_dict(snap["actor"])
+        act = lambda o: _sample_action(actor, o, rng, "cpu")  # noqa: E731
+    return {"data": rollouts(env, act, n_transitions, seed, desc=f"record {env_id} {level}"), "meta": meta}
+
+
+def rollouts(env, act, n_transitions: int, seed: int, desc: str = "rollouts") -> dict:
+    """``n_transitions`` of ``act(obs) -> action`` in ``env`` as a D4RL-layout dict (terminated -> terminals,
+    truncated or the final cut -> timeouts)."""
     rows = {k: [] for k in KEYS}
     obs, _ = env.reset(seed=seed)
-    for i in progress(range(n_transitions), desc=f"record {env_id} {level}"):
-        if actor is None:
-            action = rng.uniform(-1, 1, size=env.action_space.shape).astype(np.float32)
-        else:
-            action = _sample_action(actor, obs, rng, "cpu")
+    for i in progress(range(n_transitions), desc=desc):
+        action = act(obs)
         nxt, r, term, trunc, _ = env.step(action)
         last = i == n_transitions - 1
         for k, v in (("observations", obs), ("actions", action), ("rewards", r), ("next_observations", nxt),
@@ -265,7 +270,25 @@ def record(env_id: str, level: str, n_transitions: int, *, seed: int = 0, src: s
         obs = nxt
         if term or trunc:
             obs, _ = env.reset()
-    return {"data": validate({k: np.asarray(v) for k, v in rows.items()}), "meta": meta}
+    return validate({k: np.asarray(v) for k, v in rows.items()})
+
+
+D4RL_REFS = {"Hopper-v5": (-20.272305, 3234.3), "HalfCheetah-v5": (-280.178953, 12135.0),
+             "Walker2d-v5": (1.629008, 4592.3)}
+"""D4RL's published random / expert reference returns (d4rl/infos.py REF_MIN_SCORE / REF_MAX_SCORE, v2 tasks),
+used only by the smoke tier, which has no SAC run to measure its own."""
+
+
+def random_dataset(env_id: str, n_transitions: int, seed: int = 0) -> dict:
+    """Uniform-random rollouts (no SAC needed), with D4RL's published reference returns registered for the
+    normalised score: the smoke tier's stand-in for a recorded dataset."""
+    env = make_env(env_id)
+    rng = np.random.default_rng(seed + 7)
+    data = rollouts(env, lambda o: rng.uniform(-1, 1, size=env.action_space.shape).astype(np.float32),
+                    n_transitions, seed)
+    lo, hi = D4RL_REFS[env_id]
+    register_dataset_refs({"env_id": env_id, "ref_random": lo, "ref_expert": hi})
+    return data
 
 
 def dataset_path(env_id: str, level: str, n_transitions: int, seed: int = 0) -> Path:

@@ -32,6 +32,7 @@ from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import ListGrid, LogGrid, tune_per_arm
 from ...rl import NAV_ENV_ID, make_env
 from ...rl.behavior import cached_dataset, generate
+from ...rl.sac import cached_mujoco_dataset, random_dataset
 from ...rl.buffers import OfflineBuffer
 from ...rl.evaluation import evaluate_policy
 from .config import DAREConfig, corl_defaults
@@ -70,7 +71,22 @@ def arm_config(arm: str, value: Any, config: Mapping[str, Any]) -> DAREConfig:
     return replace(cfg, **{STRENGTH[cfg.host]: float(value)})
 
 
+def _env_id(config: Mapping[str, Any]) -> str:
+    return config.get("env_id", NAV_ENV_ID)
+
+
+def _dims(config: Mapping[str, Any]) -> tuple[int, int]:
+    env = make_env(_env_id(config))
+    return env.observation_space.shape[0], env.action_space.shape[0]
+
+
 def dataset(config: Mapping[str, Any]) -> dict:
+    """The offline dataset: the nav task's (generated here on a cache miss), or a MuJoCo one recorded from our SAC
+    (``python -m icml26.rl.sac``; a clear error with the commands when it is missing)."""
+    if _env_id(config) != NAV_ENV_ID and config.get("smoke_random_data"):
+        return random_dataset(_env_id(config), config["transitions"], config["data_seed"])
+    if _env_id(config) != NAV_ENV_ID:
+        return cached_mujoco_dataset(_env_id(config), config["level"], config["transitions"], config["data_seed"])[0]
     if config["cache_data"]:
         return cached_dataset(config["level"], config["transitions"], config["data_seed"])[0]
     return generate(config["level"], config["transitions"], config["data_seed"])
@@ -83,11 +99,12 @@ def pretrained(config: Mapping[str, Any], seed: int) -> dict:
         cfg = base_config(config)
         offline = OfflineBuffer(dataset(config), _device(), reward_bias=cfg.reward_bias,
                                 mc_discount=cfg.discount if cfg.host == "calql" else None,
-                                sparse_failure_reward=cfg.reward_bias if cfg.host == "calql" else None)
-        agent = make_agent(2, 2, cfg, _device(), seed=seed)
+                                sparse_failure_reward=cfg.reward_bias if cfg.host == "calql" and
+                                config.get("sparse", True) else None)
+        agent = make_agent(*_dims(config), cfg, _device(), seed=seed)
         agent.pretrain(offline, config["offline_steps"])
         nll = agent.fit_behavior(offline)
-        score = evaluate_policy(make_env(NAV_ENV_ID), agent.act, config["eval_episodes"], 10_000 + seed)
+        score = evaluate_policy(make_env(_env_id(config)), agent.act, config["eval_episodes"], 10_000 + seed)
         _PRETRAINED.clear()  # one seed at a time is enough; keeps memory flat
         _PRETRAINED[key] = {"state": agent.state_dict(), "offline": offline, "offline_score": score["normalized"],
                             "behavior_nll": nll}
@@ -96,12 +113,12 @@ def pretrained(config: Mapping[str, Any], seed: int) -> dict:
 
 def online_run(arm: str, value: Any, config: Mapping[str, Any], seed: int) -> dict:
     base = pretrained(config, seed)
-    agent = make_agent(2, 2, arm_config(arm, value, config), _device(), seed=seed)
+    agent = make_agent(*_dims(config), arm_config(arm, value, config), _device(), seed=seed)
     agent.load_state_dict({**base["state"], "config": None})
     # a fresh actor optimiser when the arm's lr differs from pretraining (drop_all's tuned lr)
     for group in agent.actor_opt.param_groups:
         group["lr"] = agent.config.actor_lr
-    out = finetune(agent, make_env(NAV_ENV_ID), make_env(NAV_ENV_ID), base["offline"], config["online_steps"],
+    out = finetune(agent, make_env(_env_id(config)), make_env(_env_id(config)), base["offline"], config["online_steps"],
                    eval_every=config["eval_every"], eval_episodes=config["eval_episodes"], seed=seed)
     curve = out["curve"]
     ys = [y for _, y in curve]
@@ -193,9 +210,9 @@ SPECS = [
         arms=ARMS, baseline="origin", comparator=COMPARATOR, run=run_claim, prepare=prepare, plot=plot_curves,
         tiers={"smoke": _tier(20, 20, transitions=600, cache_data=False, bc_steps=10, eval_every=10,
                               eval_episodes=2, tune_online_steps=10, batch_size=32, hidden=16),
-               "quick": _tier(4000, 1000, eval_every=200),
+               "quick": _tier(4000, 1000, eval_every=200, tune_online_steps=500),
                "full": _tier(10000, 10000, hidden=256, eval_episodes=50)},
-        seeds={"smoke": 1, "quick": 4, "full": 5},
+        seeds={"smoke": 1, "quick": 3, "full": 5},
         checks=_checks("TD3+BC"),
         null_value=0.0,
         notes="TD3+BC host; Gaussian BC behavior model; 2x64 MLPs at the quick tier; nav task instead of D4RL "
@@ -223,5 +240,20 @@ SPECS = [
         null_value=0.0,
         notes="Cal-QL host (CORL antmaze: policy lr 1e-4, cql_alpha 5, calibration offline only); keep_all is "
               "CORL's Cal-QL O2O recipe; full tier only.",
+    ),
+    ExperimentSpec(
+        id="dare_vs_origin_hopper", room="dare", claim=CLAIM, paper_ref=PAPER_REF,
+        metric="D4RL-style normalised return (100 = our SAC expert, 0 = uniform random) after the online budget",
+        arms=ARMS, baseline="origin", comparator=COMPARATOR, run=run_claim, prepare=prepare, plot=plot_curves,
+        tiers={"smoke": _tier(20, 20, env_id="Hopper-v5", level="random", transitions=600, sparse=False,
+                              reward_bias=0.0, smoke_random_data=True, bc_steps=10, eval_every=10, eval_episodes=1,
+                              tune_online_steps=10, batch_size=32, hidden=16),
+               "full": _tier(20000, 20000, env_id="Hopper-v5", level="medium", transitions=100000, sparse=False,
+                             reward_bias=0.0, hidden=256, eval_every=2000, eval_episodes=5)},
+        seeds={"smoke": 1, "full": 3},
+        checks=_checks("TD3+BC"),
+        null_value=0.0,
+        notes="Hopper-v5 medium recorded from our SAC (python -m icml26.rl.sac); TD3+BC host, CORL MuJoCo "
+              "defaults, no state normalisation; full tier only.",
     ),
 ]
