@@ -322,3 +322,32 @@ def test_mechanism_checks_and_per_arm_grids():
     with pytest.raises(ValueError, match="unknown config"):
         from icml26.methods.calm.experiments import _cfg
         _cfg(pretrain_step=3)
+
+
+def test_pretraining_resumes_bit_identical_after_a_kill(tmp_path, monkeypatch):
+    """A pretraining run killed mid-way (after its step-4 checkpoint) and restarted ends with the same weights and
+    losses as an uninterrupted run."""
+    import icml26.methods.calm.experiments as ex
+    cfg = {**SPECS[0].tiers["smoke"], "pretrain_steps": 7, "checkpoint_every": 2}
+    pre = [simulate_session(0, 1, n_neurons=6, n_frames=300)]
+    P = cfg["patch_len"]
+    tok = fit_tokenizer("kmeans", patchify(torch.as_tensor(pre[0].dff), P).reshape(-1, P), cfg["codebook_size"])
+    ref, ref_losses = ex._pretrain(pre, tok, cfg, 3)
+    calls = {"n": 0}
+    real = ex._calm_loss
+
+    def dying(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt("simulated kill")
+        return real(model, batch)
+
+    monkeypatch.setattr(ex, "_calm_loss", dying)
+    with pytest.raises(KeyboardInterrupt):
+        ex._pretrain(pre, tok, {**cfg, "checkpoint_dir": str(tmp_path)}, 3)
+    monkeypatch.setattr(ex, "_calm_loss", real)
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+    resumed, losses = ex._pretrain(pre, tok, {**cfg, "checkpoint_dir": str(tmp_path)}, 3)
+    assert losses == ref_losses
+    for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)

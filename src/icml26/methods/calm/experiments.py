@@ -28,21 +28,26 @@ Secondary (recorded, not judged): behaviour decoding R^2 from ridge on frozen po
 from __future__ import annotations
 
 import copy
+import hashlib
+import io
+import json
 import math
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 import torch
 
+from ...core.adapters import AdapterConfig, LoRALinear, inject_adapters
+from ...core.io import atomic_write_bytes
 from ...core.logging import log_metrics
 from ...core.progress import progress
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import LogGrid, tune_per_arm
-from ...core.adapters import AdapterConfig, LoRALinear, inject_adapters
 from .baselines import build_baseline
-from .decoding import ContrastiveEncoder, DecodingHead, PatchGRU, PatchMLP
 from .config import CalMConfig
+from .decoding import ContrastiveEncoder, DecodingHead, PatchGRU, PatchMLP
 from .model import CalM, fit_tokenizer, patchify, poco_score, r2_score, ridge_fit, ridge_predict
 from .simulator import Session, SimConfig, simulate_session
 
@@ -95,8 +100,12 @@ def _batch(traces: list[torch.Tensor], config: Mapping[str, Any], gen: torch.Gen
 
 
 def _fit(model: torch.nn.Module, loss_fn, traces: list[torch.Tensor], steps: int, lr: float,
-         config: Mapping[str, Any], gen: torch.Generator, desc: str, *, cosine: bool = False) -> list[float]:
-    """AdamW on random windows; ``cosine``: 5% linear warm-up then cosine decay to 10% of ``lr``."""
+         config: Mapping[str, Any], gen: torch.Generator, desc: str, *, cosine: bool = False,
+         ckpt: Path | None = None, every: int = 100) -> list[float]:
+    """AdamW on random windows; ``cosine``: 5% linear warm-up then cosine decay to 10% of ``lr``.
+
+    ``ckpt``: every ``every`` steps the model, optimizer, schedule, batch generator and losses are written there
+    atomically; a later call with the same path resumes from it and ends bit-identical to an uninterrupted run."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     warm = max(1, steps // 20)
 
@@ -108,15 +117,27 @@ def _fit(model: torch.nn.Module, loss_fn, traces: list[torch.Tensor], steps: int
         return 0.1 + 0.45 * (1 + math.cos(math.pi * (i - warm) / max(1, steps - warm)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    losses = []
+    losses: list[float] = []
+    if ckpt is not None and ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        gen.set_state(state["gen"])
+        losses = state["losses"]
     model.train()
-    for _ in progress(range(steps), desc=desc):
+    for step in progress(range(len(losses), steps), desc=desc, total=steps - len(losses)):
         loss = loss_fn(model, _batch(traces, config, gen))
         opt.zero_grad()
         loss.backward()
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
+        if ckpt is not None and ((step + 1) % every == 0 or step + 1 == steps):
+            buf = io.BytesIO()
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                        "gen": gen.get_state(), "losses": losses}, buf)
+            atomic_write_bytes(ckpt, buf.getvalue())
     model.eval()
     return losses
 
@@ -173,8 +194,15 @@ def _unigram_entropy(tok, pre: list[Session], config: Mapping[str, Any]) -> floa
 
 def _pretrain(pre: list[Session], tok, config: Mapping[str, Any], seed: int) -> tuple[CalM, list[float]]:
     model = init_model(tok, config, seed)
+    ckpt = None
+    if config.get("checkpoint_dir"):  # keyed by the config, so a changed config never resumes a stale run
+        key = hashlib.sha256(json.dumps({k: v for k, v in config.items() if k != "checkpoint_dir"}, sort_keys=True,
+                                        default=str).encode()).hexdigest()[:12]
+        ckpt = Path(config["checkpoint_dir"]).expanduser() / f"calm_pretrain_{key}_seed{seed}.pt"
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
     losses = _fit(model, _calm_loss, [torch.as_tensor(s.dff) for s in pre], config["pretrain_steps"],
-                  config["lr"], config, torch.Generator().manual_seed(seed), "CalM pretraining", cosine=True)
+                  config["lr"], config, torch.Generator().manual_seed(seed), "CalM pretraining", cosine=True,
+                  ckpt=ckpt, every=config.get("checkpoint_every", 100))
     return model, losses
 
 
@@ -367,7 +395,7 @@ def _cfg(**kw: Any) -> dict:
             "calm_lr_center": 1e-3, "scratch_lr_center": 3e-3, "nlinear_lr_center": 3e-3,
             "tsmixer_lr_center": 1e-2, "gru_lr_center": 3e-3, "poco_lr_center": 1e-3, "lr_grid_size": 3,
             "arms": list(ARMS)}
-    unknown = set(kw) - set(base) - {"null"}
+    unknown = set(kw) - set(base) - {"null", "checkpoint_dir", "checkpoint_every"}
     if unknown:
         raise ValueError(f"unknown config keys {sorted(unknown)}")
     return {**base, **kw}
@@ -533,7 +561,7 @@ def _dcfg(**kw: Any) -> dict:
     for k in ("calm_lr_center", "scratch_lr_center", "nlinear_lr_center", "tsmixer_lr_center", "gru_lr_center",
               "poco_lr_center", "finetune_steps", "baseline_steps"):
         base.pop(k)
-    unknown = set(kw) - set(base) - {"null"}
+    unknown = set(kw) - set(base) - {"null", "checkpoint_dir", "checkpoint_every"}
     if unknown:
         raise ValueError(f"unknown config keys {sorted(unknown)}")
     return {**base, **kw}
@@ -616,7 +644,7 @@ def _pcfg(**kw: Any) -> dict:
     base = {k: v for k, v in _dcfg().items() if not k.endswith("_center") and k not in ("label_fractions",
                                                                                       "decode_steps")}
     base.update({"probe_alpha_center": 10.0, "arms": list(PROBE_ARMS)})
-    unknown = set(kw) - set(base) - {"null"}
+    unknown = set(kw) - set(base) - {"null", "checkpoint_dir", "checkpoint_every"}
     if unknown:
         raise ValueError(f"unknown config keys {sorted(unknown)}")
     return {**base, **kw}
@@ -651,7 +679,8 @@ SPECS = [
                "quick": _cfg(),
                "full": _cfg(n_families=6, sessions_per_family=4, heldout_sessions=3, heldout_animals=2,
                             n_neurons=64, pretrain_frames=4000, tokenizer_steps=1500, pretrain_steps=4000,
-                            finetune_steps=300, baseline_steps=2000, d_model=64, n_blocks=4, train_neurons=32)},
+                            finetune_steps=300, baseline_steps=2000, d_model=64, n_blocks=4, train_neurons=32,
+                            checkpoint_dir="~/.cache/icml26/calm")},
         seeds={"smoke": 1, "quick": 3, "full": 3},
         notes="Simulated data (nonlinear shared latents -> Poisson -> AR(2) GCaMP -> fluorescence with nuisance -> "
               "dF/F); VQ-VAE tokenizer; 2 dual-axis blocks of width 32 at the quick tier. Everything but the "
