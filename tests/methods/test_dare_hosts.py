@@ -115,7 +115,8 @@ def _bandit(n=2000):
     return data, obs[:50], target
 
 
-@pytest.mark.parametrize("host,extra,tol", [("iql", {}, 0.12), ("calql", {"cql_alpha": 1.0, "cql_n_actions": 4}, 0.2)])
+@pytest.mark.parametrize("host,extra,tol", [("iql", {}, 0.12), pytest.param(
+    "calql", {"cql_alpha": 1.0, "cql_n_actions": 4}, 0.2, marks=pytest.mark.slow)])
 def test_host_learns_a_one_step_bandit_in_300_steps(host, extra, tol):
     data, obs, target = _bandit()
     cfg = DAREConfig(**{**corl_defaults(host), "actor_lr": 1e-3, "critic_lr": 1e-3, **extra}, hidden=32, batch_size=64)
@@ -137,7 +138,7 @@ def _fresh(host, seed=0, behavior="gaussian"):
     return agent, off
 
 
-@pytest.mark.parametrize("host", ["iql", "calql"])
+@pytest.mark.parametrize("host", ["iql", pytest.param("calql", marks=pytest.mark.slow)])
 def test_killed_run_resumes_to_the_same_state(tmp_path, host):
     kw = dict(eval_every=30, eval_episodes=1, seed=0, checkpoint_every=20)
     a, off = _fresh(host)

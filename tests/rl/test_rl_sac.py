@@ -14,6 +14,7 @@ from icml26.rl.sac import SAC, cached_mujoco_dataset, choose_snapshots, record, 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.mark.slow
 def test_sac_learns_a_one_step_bandit():
     rng = np.random.default_rng(0)
     n = 2000
