@@ -180,3 +180,19 @@ def test_cvae_behavior_model_in_dare_scores():
     twin.load_state_dict(state)
     for x, y in zip(agent.behavior.parameters(), twin.behavior.parameters()):
         assert torch.equal(x, y)
+
+
+def test_finetune_rejects_bad_input_before_any_step():
+    agent, off = _fresh("iql")
+    before = agent.n_updates
+    env = make_env(NAV_ENV_ID)
+    with pytest.raises(ValueError, match="online_steps"):
+        finetune(agent, env, env, off, 0, eval_every=10, eval_episodes=1, seed=0)
+    with pytest.raises(ValueError, match="eval_every"):
+        finetune(agent, env, env, off, 10, eval_every=0, eval_episodes=1, seed=0)
+    other = make_agent(3, 2, agent.config)
+    with pytest.raises(ValueError, match="dims"):
+        finetune(other, env, env, off, 10, eval_every=10, eval_episodes=1, seed=0)
+    with pytest.raises(TypeError, match="DAREHost"):
+        finetune(object(), env, env, off, 10, eval_every=10, eval_episodes=1, seed=0)
+    assert agent.n_updates == before and not agent.online

@@ -80,7 +80,7 @@ def iql_actor_loss(logp_data: torch.Tensor, adv: torch.Tensor, logp_tilde: torch
                    keep: torch.Tensor, beta: float, clip: float, alpha: float) -> torch.Tensor:
     """(1/B) sum_i [keep_i min(exp(beta A_i), clip) (-log pi(a_i|s_i)) + (1 - keep_i)(alpha log pi(a~_i|s_i)
     - Q(s_i, a~_i) / mean|Q(s, a~)|)], the normaliser a constant."""
-    scale = sum(abs(float(x)) for x in q_tilde) / len(q_tilde)
+    scale = sum(abs(float(x.detach())) for x in q_tilde) / len(q_tilde)
     total = 0.0
     for i in range(adv.shape[0]):
         if bool(keep[i]):

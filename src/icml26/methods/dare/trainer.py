@@ -199,8 +199,19 @@ def finetune(agent: DAREHost, env, eval_env, offline: OfflineBuffer, online_step
     """The online phase (UTD 1). Returns ``{"curve": [[step, normalized], ...], "diag": {...means...},
     "steps_done"}``. With ``checkpoint`` set, resumes from it when present. ``stop_after`` ends the call early
     (as a kill would), for the resume test."""
+    if not isinstance(agent, DAREHost):
+        raise TypeError(f"agent must be a DAREHost (make_agent), got {type(agent).__name__}")
+    for name, v in (("online_steps", online_steps), ("eval_every", eval_every), ("eval_episodes", eval_episodes),
+                    ("checkpoint_every", checkpoint_every)):
+        if int(v) < 1:
+            raise ValueError(f"finetune: {name} must be >= 1, got {v}")
     c = agent.config
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    if (obs_dim, act_dim) != (agent.obs_dim, agent.act_dim):
+        raise ValueError(f"finetune: the env has obs/action dims {(obs_dim, act_dim)} but the agent was built for "
+                         f"{(agent.obs_dim, agent.act_dim)}")
+    if (offline._t["observations"].shape[1], offline._t["actions"].shape[1]) != (obs_dim, act_dim):
+        raise ValueError("finetune: the offline dataset's observation/action dims do not match the env's")
     buf = OnlineBuffer(obs_dim, act_dim, max(online_steps, 1), agent.device, reward_scale=c.reward_scale,
                        reward_bias=c.reward_bias)
     rng = np.random.default_rng(seed + 2)
