@@ -196,3 +196,19 @@ def test_finetune_rejects_bad_input_before_any_step():
     with pytest.raises(TypeError, match="DAREHost"):
         finetune(object(), env, env, off, 10, eval_every=10, eval_episodes=1, seed=0)
     assert agent.n_updates == before and not agent.online
+
+
+@pytest.mark.slow
+def test_card_usage_snippet_runs(tmp_path, monkeypatch):
+    import pathlib
+    import re
+
+    import icml26.methods.dare as room
+
+    card = (pathlib.Path(room.__file__).parent / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", card, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert len(namespace["out"]["curve"]) == 3
+    assert namespace["out"]["steps_done"] == 100
