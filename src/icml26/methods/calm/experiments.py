@@ -643,7 +643,7 @@ def run_probe_seed(config: Mapping[str, Any], seed: int, prepared: Any = None) -
 def _pcfg(**kw: Any) -> dict:
     base = {k: v for k, v in _dcfg().items() if not k.endswith("_center") and k not in ("label_fractions",
                                                                                       "decode_steps")}
-    base.update({"probe_alpha_center": 10.0, "arms": list(PROBE_ARMS)})
+    base.update({"probe_alpha_center": 1000.0, "arms": list(PROBE_ARMS)})
     unknown = set(kw) - set(base) - {"null", "checkpoint_dir", "checkpoint_every"}
     if unknown:
         raise ValueError(f"unknown config keys {sorted(unknown)}")
