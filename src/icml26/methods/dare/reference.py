@@ -95,7 +95,8 @@ def cql_gap(q_rand: torch.Tensor, q_cur: torch.Tensor, q_next: torch.Tensor, log
             lower: torch.Tensor | None = None) -> torch.Tensor:
     """Per-sample CQL gap for one critic, with CQL's importance weights and Cal-QL's calibration:
     log sum_k exp(Q(s, u_k) - log 0.5^A) + sum_k exp(max(Q(s, a_k), G) - log pi(a_k|s)) [current and next-state
-    policy draws] - Q(s, a). Inputs are (B, K) except q_data and lower (B,)."""
+    policy draws] - Q(s, a). Inputs are (B, K) except q_data and lower (B,). Values only (no gradient)."""
+    q_rand, q_cur, q_next, q_data = (t.detach() for t in (q_rand, q_cur, q_next, q_data))
     out = []
     for i in range(q_data.shape[0]):
         terms = [float(q_rand[i, k]) - act_dim * math.log(0.5) for k in range(q_rand.shape[1])]
