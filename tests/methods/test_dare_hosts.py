@@ -101,7 +101,7 @@ def test_calql_gap_matches_reference_with_and_without_calibration():
     td_only = agent.q_loss(b, none)
     agent.gen.set_state(state)
     full = agent.q_loss(b, torch.ones(9, dtype=torch.bool))
-    assert float(full) != float(td_only)
+    assert float(full.detach()) != float(td_only.detach())
 
 
 def _bandit(n=2000):
