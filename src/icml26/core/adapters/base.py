@@ -82,6 +82,11 @@ class AdapterLinear(nn.Module):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"{type(self).__name__} wraps nn.Linear, got {type(base).__name__}")
+        # The same rules as AdapterConfig, for layers built directly rather than through inject_adapters.
+        if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+            raise ValueError(f"{type(self).__name__} rank r must be a positive int, got {r!r}")
+        if isinstance(alpha, bool) or not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+            raise ValueError(f"{type(self).__name__} alpha must be a finite number > 0, got {alpha!r}")
         limit = min(base.in_features, base.out_features)
         if self.rank_limited and r > limit:
             raise ValueError(f"{type(self).__name__} rank r={r} exceeds min(in_features, out_features) = {limit} "
