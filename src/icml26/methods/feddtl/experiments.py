@@ -10,13 +10,14 @@ Protocol (pre-registered in README.md; identical for every arm):
    LoRA on the last 2 vision blocks): zero_shot; fedlora (SFT every round, FedAvg of the vision LoRA, frozen text
    tower); feddtl (server text-LoRA training on uploaded embeddings + SFT for M = 5 rounds, then RL); ablations
    decoupled_only (server text training, SFT every round) and two_stage_only (SFT then RL, frozen text tower);
-   the ablations, PromptFL and the FedCLIP-style adapter (both added after the quick-tier run, not part of any
+   the ablations, PromptFL, the FedCLIP-style adapter and FedMaPLe (added after the quick-tier run, not part of any
    statistic) run at the smoke and full tiers only (quick-tier time budget).
 4. Tuning: the client learning rate of fedlora and feddtl, each on LogGrid(center 1e-3, factor 3, size 3) around
    the paper's Adam 1e-3, scored by base-class validation accuracy on tuning seed 1000; ablations reuse feddtl's
-   (PromptFL and FedCLIP, where they run, each get their own grid of the same size).
+   (PromptFL, FedCLIP and FedMaPLe, where they run, each get their own grid of the same size).
 5. Statistics (per seed, paired): base_gain = base acc(feddtl) - base acc(fedlora) >= 0.01;
    novel_gain = novel acc(feddtl) - novel acc(fedlora) >= 0.01.
+6. Partitions and regimes (full tier only): the hm_gain_* specs below, one setting changed each (README.md).
 """
 
 from __future__ import annotations
