@@ -79,7 +79,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("kromhc", "layer", "KromHC: Kronecker-product hyper-connections",
               "2601.21579", "HC/mHC/mHC-lite/KromHC residual wrappers", (), "done"),
     RoomEntry("tabicl2", "estimator", "TabICLv2: tabular in-context learning",
-              "2602.11139", "scikit-learn in-context tabular estimator", ("tabular",), "partial"),
+              "2602.11139", "scikit-learn in-context tabular estimators", ("tabular",), "done"),
     RoomEntry("scalora", "adapter", "ScaLoRA: optimally scaled low-rank adaptation for efficient high-rank fine-tuning",
               "2510.23818", "merge-and-rescale LoRA adapter", ("llm",), "done"),
     RoomEntry("entropy_rft", "trainer", "On the entropy dynamics in reinforcement fine-tuning of LLMs",
@@ -89,7 +89,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("sherpa", "science", "SHERPA: fine-tuning segment-anything models with guidance from a small SAM",
               "", "small-guides-large promptable segmentation fine-tuning", (), "partial"),
     RoomEntry("omni_fmri", "science", "Omni-fMRI: an atlas-free voxel-level fMRI foundation model",
-              "2601.23090", "dynamic-patching fMRI masked autoencoder", ("neuro",), "partial"),
+              "2601.23090", "dynamic-patching fMRI masked autoencoder", ("neuro",), "done"),
 )
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*[a-z0-9]$")
