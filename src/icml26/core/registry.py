@@ -87,7 +87,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("calm", "science", "CalM: a self-supervised foundation model for calcium imaging population dynamics",
               "2604.04958", "calcium-imaging forecasting model and benchmark", (), "partial"),
     RoomEntry("sherpa", "science", "SHERPA: fine-tuning segment-anything models with guidance from a small SAM",
-              "", "small-guides-large promptable segmentation fine-tuning", (), "partial"),
+              "", "small-guides-large promptable segmentation fine-tuning", (), "done"),
     RoomEntry("omni_fmri", "science", "Omni-fMRI: an atlas-free voxel-level fMRI foundation model",
               "2601.23090", "dynamic-patching fMRI masked autoencoder", ("neuro",), "done"),
 )
