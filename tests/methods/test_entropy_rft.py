@@ -303,5 +303,5 @@ def test_tuning_gives_every_arm_the_same_budget(monkeypatch):
     monkeypatch.setattr(experiments, "_train_cached", fake)
     out = experiments.tune_arms(experiments.SPECS[1].tiers["quick"])["tuning"]
     counts = {arm: sum(1 for a, _ in calls if a == arm) for arm in experiments.ARMS}
-    assert len(set(counts.values())) == 1 and counts["grpo"] == 6 and all(s >= 1000 for _, s in calls)
+    assert len(set(counts.values())) == 1 and counts["grpo"] == 6 * len(experiments.CLIPB_TUNING_SEEDS) == 12 and all(s >= 1000 for _, s in calls)
     assert out["lr"]["on_edge"] == []
