@@ -22,3 +22,41 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_step_bandit():
+    """A D4RL-layout dataset of 2,000 one-step episodes (2-D observations and actions, actions uniform in [-1, 1],
+    reward -||a - a*||^2 with a* = (0.5, -0.3)): an offline RL learner that uses its rewards moves its actor to a*.
+
+    Returns ``(data, obs, target)``: the validated dataset, 50 observations to query the actor at, and a*."""
+    import numpy as np
+
+    from icml26.rl.datasets import validate
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    obs = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
+    act = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
+    target = np.array([0.5, -0.3], dtype=np.float32)
+    data = validate({"observations": obs, "actions": act, "rewards": -((act - target) ** 2).sum(1),
+                     "next_observations": obs, "terminals": np.ones(n), "timeouts": np.zeros(n)})
+    return data, obs[:50], target
+
+
+@pytest.fixture
+def run_card_snippet():
+    """``run(readme, after, namespace=None) -> namespace``: execute the first ```python block that follows the text
+    ``after`` in a card (README; the card's first block when ``after`` is empty), so a test runs the snippet users
+    copy exactly as written; ``namespace`` supplies the names the snippet takes as given (a model, a dataset)."""
+    import re
+    from pathlib import Path
+
+    def run(readme, after: str = "", namespace: dict | None = None) -> dict:
+        text = Path(readme).read_text()
+        block = re.search(r"```python\n(.*?)```", text[text.index(after):], re.S).group(1)
+        scope = {} if namespace is None else namespace
+        exec(compile(block, str(readme), "exec"), scope)
+        return scope
+
+    return run

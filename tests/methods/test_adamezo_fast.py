@@ -8,7 +8,6 @@ that small odd-shaped tensors are cut into several pieces with a ragged last pie
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 
 import pytest
@@ -189,17 +188,15 @@ def test_no_tensor_is_kept_between_steps():
     assert all(not isinstance(v, torch.Tensor) for v in opt.state["zo"].values())
 
 
-def test_readme_usage_block_runs():
+def test_readme_usage_block_runs(run_card_snippet):
     """The card's Usage block, executed as written on a tiny Llama (the names it assumes: model, batch)."""
     transformers = pytest.importorskip("transformers")
-    block = re.search(r"## Usage\n\n```python\n(.*?)```", README.read_text(), re.S).group(1)
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
-    scope = {"model": model, "batch": {"input_ids": ids, "labels": ids}}
-    exec(compile(block, str(README), "exec"), scope)
+    scope = run_card_snippet(README, "## Usage\n", {"model": model, "batch": {"input_ids": ids, "labels": ids}})
     assert scope["opt"].forward_passes == 2 and torch.isfinite(scope["loss"])
 
 

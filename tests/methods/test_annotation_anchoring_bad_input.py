@@ -5,7 +5,6 @@ snippet verbatim."""
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import numpy as np
@@ -180,12 +179,9 @@ def test_empty_start_ids_with_nothing_before_the_annotation_raise_before_eval():
     assert model.training
 
 
-def test_readme_usage_snippet_runs():
+def test_readme_usage_snippet_runs(run_card_snippet):
     """Executes the card's Usage block verbatim."""
-    text = README.read_text()
-    block = re.search(r"## Usage\n.*?```python\n(.*?)```", text, re.S).group(1)
-    scope: dict = {}
-    exec(compile(block, str(README), "exec"), scope)
+    scope = run_card_snippet(README, "## Usage\n")
     annotations, responses = scope["annotations"], scope["responses"]
     assert len(annotations) == len(responses) == 4
     assert all(a[0].item() == ord("<") and len(a) <= 9 for a in annotations)

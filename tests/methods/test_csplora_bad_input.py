@@ -6,7 +6,6 @@ probe-helper shapes and label ranges, and malformed plan files. The card's Usage
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -240,14 +239,12 @@ def test_budgets_for_alphas_and_plan_files_are_checked(tmp_path):
         RankPlan.load(path)
 
 
-def test_readme_usage_snippet_runs(tmp_path, monkeypatch):
+def test_readme_usage_snippet_runs(tmp_path, monkeypatch, run_card_snippet):
     """Executes the card's Usage block verbatim (it writes plan.json into the working folder)."""
     pytest.importorskip("peft")
     readme = Path(__file__).resolve().parents[2] / "src/icml26/methods/csplora/README.md"
-    block = re.search(r"## Usage\n.*?```python\n(.*?)```", readme.read_text(), re.S).group(1)
     monkeypatch.chdir(tmp_path)
-    scope: dict = {}
-    exec(compile(block, str(readme), "exec"), scope)
+    scope = run_card_snippet(readme, "## Usage\n")
     assert RankPlan.load(tmp_path / "plan.json").proportions == scope["plan"].proportions
     assert sum(scope["ranks"].values()) > 0 and set(scope["ranks"]) == {"q_proj", "v_proj"}
     assert {n: m.r for n, m in scope["model2"].named_modules() if hasattr(m, "lora_A")} == scope["ranks"]

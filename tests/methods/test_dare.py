@@ -2,7 +2,6 @@
 loss (values and gradients), learning a trivial task, kill-and-resume, and the null arm."""
 
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ from icml26.methods.dare.trainer import DARETD3BC, finetune
 from icml26.rl import NAV_ENV_ID, make_env
 from icml26.rl.behavior import generate
 from icml26.rl.buffers import OfflineBuffer
-from icml26.rl.datasets import validate
 from icml26.rl.nets import GaussianPolicy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -101,22 +99,16 @@ def test_masked_actor_loss_matches_reference_values_and_gradients():
     torch.testing.assert_close(allk, -lam * q.mean() + torch.nn.functional.mse_loss(pi, b["actions"]))
 
 
-def test_td3_learns_a_one_step_bandit():
+def test_td3_learns_a_one_step_bandit(one_step_bandit):
     """Single-step episodes with r = -||a - a*||^2 and random actions: TD3 (no constraint) finds a*."""
-    rng = np.random.default_rng(0)
-    n = 2000
-    obs = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
-    act = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
-    target = np.array([0.5, -0.3], dtype=np.float32)
-    data = validate({"observations": obs, "actions": act, "rewards": -((act - target) ** 2).sum(1),
-                     "next_observations": obs, "terminals": np.ones(n), "timeouts": np.zeros(n)})
+    data, obs, target = one_step_bandit
     agent = DARETD3BC(2, 2, DAREConfig(hidden=64, batch_size=64, actor_lr=1e-3, critic_lr=1e-3), seed=0)
     off = OfflineBuffer(data)
     none = torch.zeros(64, dtype=torch.bool)
-    start = np.abs(agent.actor(torch.as_tensor(obs[:50])).detach().numpy() - target).mean()
+    start = np.abs(agent.actor(torch.as_tensor(obs)).detach().numpy() - target).mean()
     for _ in range(800):
         agent.update(off.sample(64, agent.gen), none)
-    err = np.abs(agent.actor(torch.as_tensor(obs[:50])).detach().numpy() - target)
+    err = np.abs(agent.actor(torch.as_tensor(obs)).detach().numpy() - target)
     assert err.mean() < 0.1 < start and err.max() < 0.25
 
 

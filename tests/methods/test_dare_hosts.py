@@ -16,7 +16,6 @@ from icml26.methods.dare.trainer import DARETD3BC, finetune
 from icml26.rl import NAV_ENV_ID, make_env
 from icml26.rl.behavior import generate
 from icml26.rl.buffers import OfflineBuffer
-from icml26.rl.datasets import validate
 from icml26.rl.nets import CVAE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -104,21 +103,10 @@ def test_calql_gap_matches_reference_with_and_without_calibration():
     assert float(full.detach()) != float(td_only.detach())
 
 
-def _bandit(n=2000):
-    """One-step episodes, uniform random actions, r = -||a - a*||^2: a host that learns from rewards finds a*."""
-    rng = np.random.default_rng(0)
-    obs = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
-    act = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
-    target = np.array([0.5, -0.3], dtype=np.float32)
-    data = validate({"observations": obs, "actions": act, "rewards": -((act - target) ** 2).sum(1),
-                     "next_observations": obs, "terminals": np.ones(n), "timeouts": np.zeros(n)})
-    return data, obs[:50], target
-
-
 @pytest.mark.parametrize("host,extra,tol", [("iql", {}, 0.12), pytest.param(
     "calql", {"cql_alpha": 1.0, "cql_n_actions": 4}, 0.2, marks=pytest.mark.slow)])
-def test_host_learns_a_one_step_bandit_in_300_steps(host, extra, tol):
-    data, obs, target = _bandit()
+def test_host_learns_a_one_step_bandit_in_300_steps(host, extra, tol, one_step_bandit):
+    data, obs, target = one_step_bandit
     cfg = DAREConfig(**{**corl_defaults(host), "actor_lr": 1e-3, "critic_lr": 1e-3, **extra}, hidden=32, batch_size=64)
     agent = make_agent(2, 2, cfg, seed=0)
     off = OfflineBuffer(data, mc_discount=cfg.discount)
@@ -199,16 +187,12 @@ def test_finetune_rejects_bad_input_before_any_step():
 
 
 @pytest.mark.slow
-def test_card_usage_snippet_runs(tmp_path, monkeypatch):
+def test_card_usage_snippet_runs(tmp_path, monkeypatch, run_card_snippet):
     import pathlib
-    import re
 
     import icml26.methods.dare as room
 
-    card = (pathlib.Path(room.__file__).parent / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", card, re.S).group(1)
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    namespace = run_card_snippet(pathlib.Path(room.__file__).parent / "README.md")
     assert len(namespace["out"]["curve"]) == 3
     assert namespace["out"]["steps_done"] == 100

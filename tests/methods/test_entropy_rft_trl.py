@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -199,14 +198,10 @@ def test_bad_clip_b_config_raises_naming_field(tmp_path, field, value):
         ClipBConfig(output_dir=str(tmp_path), **{field: value})
 
 
-def test_readme_trl_snippet_runs(tmp_path, monkeypatch):
+def test_readme_trl_snippet_runs(tmp_path, monkeypatch, run_card_snippet):
     """Executes the README's "Clip_B in TRL" python block verbatim, with the tiny model and tokenizer."""
-    text = README.read_text()
-    section = text[text.index("## Clip_B in TRL"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     monkeypatch.chdir(tmp_path)
-    namespace = {"model": tiny_llama(), "tokenizer": tiny_tokenizer()}
-    exec(compile(code, str(README), "exec"), namespace)
+    namespace = run_card_snippet(README, "## Clip_B in TRL", {"model": tiny_llama(), "tokenizer": tiny_tokenizer()})
     trainer = namespace["trainer"]
     assert trainer.state.global_step == 2 and len(_logged(trainer, "clip_b/frac_clipped")) == 2
 

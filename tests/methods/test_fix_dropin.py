@@ -336,13 +336,10 @@ def test_second_conversion_and_embeds_without_ids_raise():
 
 
 # ------------------------------------------------------------------------------------------------ README snippet
-def test_readme_drop_in_snippet_runs(tmp_path, monkeypatch):
+def test_readme_drop_in_snippet_runs(tmp_path, monkeypatch, run_card_snippet):
     """Executes the README's drop-in python block as written (it asserts its own results)."""
-    text = README.read_text()
-    marker = text.index("<!-- test_fix_dropin runs this block -->")
-    block = re.search(r"```python\n(.*?)```", text[marker:], re.S).group(1)
     monkeypatch.chdir(tmp_path)
-    exec(compile(block, "README drop-in snippet", "exec"), {})
+    run_card_snippet(README, "<!-- test_fix_dropin runs this block -->")
     assert (tmp_path / "fix-llama" / "config.json").exists()
 
 

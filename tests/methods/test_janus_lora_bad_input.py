@@ -5,7 +5,6 @@ prototype memory exactly as they were. Also runs the card's Usage snippet verbat
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -245,12 +244,9 @@ def test_config_names_the_bad_field(field, value):
 
 
 # ------------------------------------------------------------------------------------------------ the card
-def test_readme_usage_snippet_runs():
+def test_readme_usage_snippet_runs(run_card_snippet):
     """Executes the card's Usage block verbatim."""
-    text = README.read_text()
-    block = re.search(r"## Usage\n.*?```python\n(.*?)```", text, re.S).group(1)
-    scope: dict = {}
-    exec(compile(block, str(README), "exec"), scope)
+    scope = run_card_snippet(README, "## Usage\n")
     assert scope["trainer"].task == 1 and len(scope["trainer"].nv_history) == 2
     assert scope["predicted"].shape == (64,) and set(scope["predicted"].tolist()) <= {0, 1, 2, 3}
     assert all(s.basis.shape[1] > 0 for s in scope["trainer"].subspaces.values())

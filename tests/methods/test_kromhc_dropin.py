@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -338,11 +337,8 @@ def test_wrong_input_ranks_raise_clear_errors():
 
 
 # ------------------------------------------------------------------------------------------------ README snippet
-def test_readme_drop_in_snippet_runs(tmp_path, monkeypatch):
+def test_readme_drop_in_snippet_runs(tmp_path, monkeypatch, run_card_snippet):
     """Executes the README's drop-in python block as written (it asserts its own results)."""
-    text = README.read_text()
-    marker = text.index("<!-- test_kromhc_dropin runs this block -->")
-    block = re.search(r"```python\n(.*?)```", text[marker:], re.S).group(1)
     monkeypatch.chdir(tmp_path)
-    exec(compile(block, "README drop-in snippet", "exec"), {})
+    run_card_snippet(README, "<!-- test_kromhc_dropin runs this block -->")
     assert (tmp_path / "kromhc-llama" / "config.json").exists()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -257,14 +256,11 @@ def test_nan_probe_loss_in_trainer_raises_before_any_optimizer_step(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ README snippet
-def test_readme_trainer_snippet_runs(tmp_path, monkeypatch):
+def test_readme_trainer_snippet_runs(tmp_path, monkeypatch, run_card_snippet):
     """Executes the README's "In transformers' Trainer" python block verbatim, with the tiny model and data."""
-    text = README.read_text()
-    section = text[text.index("## In transformers' Trainer"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     monkeypatch.chdir(tmp_path)
-    namespace = {"model": tiny_llama(), "train_dataset": TRAIN, "task_batch": TASK_BATCH, "broad_batch": BROAD_BATCH}
-    exec(compile(code, str(README), "exec"), namespace)
+    namespace = run_card_snippet(README, "## In transformers' Trainer", {
+        "model": tiny_llama(), "train_dataset": TRAIN, "task_batch": TASK_BATCH, "broad_batch": BROAD_BATCH})
     callback = namespace["callback"]
     assert [r["step"] for r in callback.history] == [0, 2, 4]
     assert "subspace_curvature" in callback.history[-1]

@@ -5,7 +5,6 @@ Usage snippet verbatim."""
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import pytest
@@ -212,12 +211,9 @@ def test_ialm_rpca_input_checks_and_the_zero_matrix():
 
 
 # ------------------------------------------------------------------------------------------------- the card
-def test_readme_usage_snippet_runs():
+def test_readme_usage_snippet_runs(run_card_snippet):
     """Executes the card's Usage block verbatim."""
-    text = README.read_text()
-    block = re.search(r"## Usage\n.*?```python\n(.*?)```", text, re.S).group(1)
-    scope: dict = {}
-    exec(compile(block, str(README), "exec"), scope)
+    scope = run_card_snippet(README, "## Usage\n")
     report, salaad = scope["report"], scope["salaad"]
     assert salaad.num_updates == 10 and set(salaad.blocks) == {"0.weight", "2.weight"}
     assert report.params <= report.target_params and type(scope["small"]) is nn.Sequential

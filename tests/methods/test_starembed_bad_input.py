@@ -5,7 +5,6 @@ naming the problem, before any embedder is fitted. Also runs the card's first py
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import numpy as np
@@ -105,13 +104,9 @@ def test_bad_embeddings_are_named(out, error, match, data):
         evaluate(Recorder(out), data, StarEmbedConfig(**SMALL))
 
 
-def test_readme_benchmark_snippet_runs(capsys):
+def test_readme_benchmark_snippet_runs(capsys, run_card_snippet):
     """Executes the card's first python block ('What the room gives you') verbatim."""
-    text = README.read_text()
-    section = text[text.index("## What the room gives you"):]
-    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    scope: dict = {}
-    exec(compile(block, str(README), "exec"), scope)
+    scope = run_card_snippet(README, "## What the room gives you")
     metrics = scope["metrics"]
     assert set(metrics) == {"rf_acc", "rf_macro_f1", "knn_acc", "knn_macro_f1", "logreg_acc", "logreg_macro_f1",
                             "kmeans_ari", "kmeans_nmi", "kmeans_hungarian_f1", "ood_auroc"}

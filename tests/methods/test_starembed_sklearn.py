@@ -8,7 +8,6 @@ that do not need data are run by name (``API_CHECKS``), and each array-fed check
 from __future__ import annotations
 
 import pickle
-import re
 from pathlib import Path
 
 import numpy as np
@@ -208,12 +207,8 @@ def test_light_curve_stores_float64_and_rejects_non_numbers():
         LightCurve(t=np.arange(20.0), mag=np.sin(np.arange(20.0)), err=np.r_[0.0, np.full(19, 0.1)])
 
 
-def test_readme_sklearn_snippet_runs():
+def test_readme_sklearn_snippet_runs(run_card_snippet):
     """Executes the README's 'Inside scikit-learn' python block verbatim."""
-    text = README.read_text()
-    section = text[text.index("### Inside scikit-learn"):]
-    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    scope: dict = {}
-    exec(compile(block, str(README), "exec"), scope)
+    scope = run_card_snippet(README, "### Inside scikit-learn")
     assert scope["acc"] > 0.6  # 7 classes, majority 0.30
     assert scope["same"] and scope["pipe"].named_steps["handcraftedembedder"].f_max == 10.0

@@ -170,17 +170,14 @@ def test_shipped_checkpoint_on_twenty_classes_and_digits():
     assert acc > majority + 0.5, (acc, majority)
 
 
-def test_readme_many_class_snippet_runs():
+def test_readme_many_class_snippet_runs(run_card_snippet):
     """Executes the tabicl2 README's 'More than 10 classes' python block verbatim: the shipped checkpoint on 15
     Gaussian clusters, 8 features, 256 training rows (the pretraining range). Measured 0.47 with the block's 2
     members, 0.61 with 4 (majority 0.04; logistic regression 0.84 and 5-NN 0.88 are far ahead)."""
-    import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "src/icml26/methods/tabicl2/README.md").read_text()
-    block = re.search(r"```python\n(.*?)```", text[text.index("## More than 10 classes"):], re.S).group(1)
-    scope: dict = {}
-    exec(compile(block, "tabicl2/README.md", "exec"), scope)
+    readme = Path(__file__).resolve().parents[2] / "src/icml26/methods/tabicl2/README.md"
+    scope = run_card_snippet(readme, "## More than 10 classes")
     assert scope["clf"].n_classes_ == 15 and scope["proba"].shape == (200, 15)
     np.testing.assert_allclose(scope["proba"].sum(1), 1, rtol=1e-9)
     assert scope["acc"] > 0.04 + 0.35  # majority class: 0.04

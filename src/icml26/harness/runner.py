@@ -102,14 +102,15 @@ def _default_device(device: str | None):
 def _torch_threads_kept():
     """Restore torch's thread count after a spec: some specs pin one thread, and in a sequential run that
     would otherwise carry over into every later room (and change its numbers)."""
-    torch = sys.modules.get("torch")
-    before = torch.get_num_threads() if torch is not None else None
+    torch = sys.modules.get("torch")  # a spec that imports torch itself starts from torch's default count
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
     try:
         yield
     finally:
-        torch = sys.modules.get("torch")
-        if torch is not None and before is not None and torch.get_num_threads() != before:
-            torch.set_num_threads(before)
+        torch.set_num_threads(before)
 
 
 PRECISIONS = {"bf16": "bfloat16", "fp16": "float16"}

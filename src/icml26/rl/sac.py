@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from ..core.assets import cache_dir
 from ..core.progress import progress
 from .buffers import OnlineBuffer
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, online_run_state, restore_online_run, save_checkpoint
 from .datasets import KEYS, content_hash, load_dataset, save_dataset, validate
 from .envs import make_env
 from .evaluation import REF_RETURNS, evaluate_policy
@@ -146,11 +146,8 @@ def train_sac(env_id: str, steps: int, *, seed: int = 0, start_steps: int = 5000
     step, last_ckpt, snaps, timeouts = 0, 0, [], []
     state = load_checkpoint(out / "checkpoint.pt")
     if state is not None:
-        agent.load_state_dict(state["agent"])
-        buf.load_state_dict(state["buffer"])
-        rng.bit_generator.state = state["rng"]
-        env.unwrapped.np_random.bit_generator.state = state["env_rng"]
-        step, last_ckpt, snaps, timeouts = state["step"], state["step"], state["snaps"], state["timeouts"]
+        step = last_ckpt = restore_online_run(state, agent, buf, rng, env)
+        snaps, timeouts = state["snaps"], state["timeouts"]
         obs, _ = env.reset()
     else:
         obs, _ = env.reset(seed=seed)
@@ -173,20 +170,16 @@ def train_sac(env_id: str, steps: int, *, seed: int = 0, start_steps: int = 5000
             snaps.append([done, ret])
         if terminated or truncated:
             if done - last_ckpt >= checkpoint_every:
-                save_checkpoint(out / "checkpoint.pt", {"agent": agent.state_dict(), "buffer": buf.state_dict(),
-                                                        "rng": rng.bit_generator.state, "step": done,
-                                                        "env_rng": env.unwrapped.np_random.bit_generator.state,
-                                                        "snaps": snaps, "timeouts": timeouts})
+                save_checkpoint(out / "checkpoint.pt", online_run_state(agent, buf, rng, env, done, snaps=snaps,
+                                                                        timeouts=timeouts))
                 _write_json(out / "snapshots.json", {"env_id": env_id, "seed": seed, "snapshots": snaps,
                                                      "steps_done": done})
                 last_ckpt = done
             obs, _ = env.reset()
         if stop_after is not None and done >= stop_after:
             return {"snapshots": snaps, "steps_done": done}
-    save_checkpoint(out / "checkpoint.pt", {"agent": agent.state_dict(), "buffer": buf.state_dict(),
-                                            "rng": rng.bit_generator.state, "step": steps,
-                                            "env_rng": env.unwrapped.np_random.bit_generator.state,
-                                            "snaps": snaps, "timeouts": timeouts})
+    save_checkpoint(out / "checkpoint.pt",
+                    online_run_state(agent, buf, rng, env, steps, snaps=snaps, timeouts=timeouts))
     _write_json(out / "snapshots.json", {"env_id": env_id, "seed": seed, "snapshots": snaps, "steps_done": steps})
     return {"snapshots": snaps, "steps_done": steps}
 

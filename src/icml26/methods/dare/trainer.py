@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ...core.progress import progress
 from ...rl.buffers import OfflineBuffer, OnlineBuffer, mixed_batch
-from ...rl.checkpoint import load_checkpoint, save_checkpoint
+from ...rl.checkpoint import load_checkpoint, online_run_state, restore_online_run, save_checkpoint
 from ...rl.evaluation import evaluate_policy
 from ...rl.nets import CVAE, Actor, GaussianPolicy, TwinQ, soft_update
 from .config import DAREConfig
@@ -219,11 +219,8 @@ def finetune(agent: DAREHost, env, eval_env, offline: OfflineBuffer, online_step
     step, last_ckpt, curve, diags = 0, 0, [], []
     state = load_checkpoint(checkpoint) if checkpoint is not None else None
     if state is not None:
-        agent.load_state_dict(state["agent"])
-        buf.load_state_dict(state["buffer"])
-        rng.bit_generator.state = state["rng"]
-        env.unwrapped.np_random.bit_generator.state = state["env_rng"]
-        step, last_ckpt, curve, diags = state["step"], state["step"], state["curve"], state["diags"]
+        step = last_ckpt = restore_online_run(state, agent, buf, rng, env)
+        curve, diags = state["curve"], state["diags"]
         obs, _ = env.reset()
     else:
         curve.append([0, evaluate_policy(eval_env, agent.act, eval_episodes, seed=10_000 + seed)["normalized"]])
@@ -246,10 +243,8 @@ def finetune(agent: DAREHost, env, eval_env, offline: OfflineBuffer, online_step
         if terminated or truncated:
             if checkpoint is not None and done_steps - last_ckpt >= checkpoint_every:
                 # taken right before the reset, so the resumed run's reset draws the same start
-                save_checkpoint(checkpoint, {"agent": agent.state_dict(), "buffer": buf.state_dict(),
-                                             "rng": rng.bit_generator.state, "step": done_steps,
-                                             "env_rng": env.unwrapped.np_random.bit_generator.state,
-                                             "curve": curve, "diags": diags})
+                save_checkpoint(checkpoint, online_run_state(agent, buf, rng, env, done_steps, curve=curve,
+                                                             diags=diags))
                 last_ckpt = done_steps
             obs, _ = env.reset()
         if stop_after is not None and done_steps >= stop_after:

@@ -16,6 +16,8 @@ all its prompt parameters. See :class:`MultiModalPrompts` for the reconstructed 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -54,6 +56,39 @@ def prompt_text_embeddings(model: DualEncoder, ctx: torch.Tensor, names: list[st
     return F.normalize(model.text.forward_embedded(x, pad), dim=-1)
 
 
+def federated_cross_entropy(global_part: nn.Module, new_local: Callable[[], nn.Module], client_data, logits,
+                            cfg: FedDTLConfig, seed: int, tag: int) -> None:
+    """The local-training and averaging loop the frozen-CLIP baselines share, updating ``global_part`` in place.
+
+    Each of ``cfg.rounds`` rounds: every client k starts a fresh ``new_local()`` from the global state, trains it for
+    ``cfg.sft_epochs`` epochs of Adam (``cfg.lr``) on minibatches of ``cfg.batch_size`` with cross-entropy of
+    ``logits(local, inputs[idx])`` (``(b, C_base)``) against its labels, shuffled by a generator seeded from
+    (seed, round, k, ``tag``); the server then loads the sample-weighted FedAvg of the clients' states.
+
+    ``client_data``: one ``(inputs, labels)`` pair per client (inputs may be images or precomputed features).
+    """
+    dev = next(iter(global_part.parameters())).device
+    for t in range(1, cfg.rounds + 1):
+        states, weights = [], []
+        for k, (x, y) in enumerate(client_data):
+            g = torch.Generator().manual_seed(_seed(seed, t, k, tag))
+            local = new_local()
+            local.load_state_dict(global_part.state_dict())
+            opt = torch.optim.Adam(local.parameters(), lr=cfg.lr)
+            x, y = x.to(dev), y.to(dev)
+            for _ in range(cfg.sft_epochs):
+                order = torch.randperm(len(x), generator=g).to(dev)
+                for i in range(0, len(x), cfg.batch_size):
+                    idx = order[i:i + cfg.batch_size]
+                    loss = F.cross_entropy(logits(local, x[idx]), y[idx])
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+            states.append({n: v.detach() for n, v in local.state_dict().items()})
+            weights.append(len(x))
+        global_part.load_state_dict(fedavg(states, weights))
+
+
 def run_promptfl(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, seed: int) -> dict:
     """PromptFL for ``cfg.rounds`` rounds x ``cfg.sft_epochs`` local epochs at ``cfg.lr`` (Adam); returns
     ``{"final": {base_accuracy, novel_accuracy, hm, val_accuracy}, "ctx": global context}``."""
@@ -68,25 +103,12 @@ def run_promptfl(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, s
                  for x in task.client_x]
     ctx = initial_context(model)
     assert CLS == 1  # the prompt layout above assumes the tokenizer's [CLS] first
-    for t in range(1, cfg.rounds + 1):
-        states, weights = [], []
-        for k, (z, y) in enumerate(zip(feats, task.client_y)):
-            g = torch.Generator().manual_seed(_seed(seed, t, k, 7))
-            local = ctx.clone().requires_grad_(True)
-            opt = torch.optim.Adam([local], lr=cfg.lr)
-            y = y.to(dev)
-            for _ in range(cfg.sft_epochs):
-                order = torch.randperm(len(z), generator=g).to(dev)
-                for i in range(0, len(z), cfg.batch_size):
-                    idx = order[i:i + cfg.batch_size]
-                    logits = model.scale * z[idx] @ prompt_text_embeddings(model, local, base_names).T
-                    loss = F.cross_entropy(logits, y[idx])
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-            states.append({"ctx": local.detach()})
-            weights.append(len(z))
-        ctx = fedavg(states, weights)["ctx"]
+    context = nn.ParameterDict({"ctx": nn.Parameter(ctx.clone())})
+    federated_cross_entropy(
+        context, lambda: nn.ParameterDict({"ctx": nn.Parameter(torch.empty_like(ctx))}),
+        list(zip(feats, task.client_y)),
+        lambda local, z: model.scale * z @ prompt_text_embeddings(model, local["ctx"], base_names).T, cfg, seed, tag=7)
+    ctx = context["ctx"].detach()
     with torch.no_grad():
         emb = prompt_text_embeddings(model, ctx, names)
     return {"final": accuracies(model.encode_image, emb, task), "ctx": ctx}
@@ -149,26 +171,9 @@ def run_fedclip(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, se
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_seed(seed, 23))
         adapter = AttentionAdapter(text.shape[1]).to(dev)
-    for t in range(1, cfg.rounds + 1):
-        states, weights = [], []
-        for k, (f, y) in enumerate(zip(feats, task.client_y)):
-            g = torch.Generator().manual_seed(_seed(seed, t, k, 11))
-            local = AttentionAdapter(text.shape[1]).to(dev)
-            local.load_state_dict(adapter.state_dict())
-            opt = torch.optim.Adam(local.parameters(), lr=cfg.lr)
-            y = y.to(dev)
-            for _ in range(cfg.sft_epochs):
-                order = torch.randperm(len(f), generator=g).to(dev)
-                for i in range(0, len(f), cfg.batch_size):
-                    idx = order[i:i + cfg.batch_size]
-                    logits = model.scale * F.normalize(local(f[idx]), dim=-1) @ text[: task.n_base].T
-                    loss = F.cross_entropy(logits, y[idx])
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-            states.append({n: v.detach() for n, v in local.state_dict().items()})
-            weights.append(len(f))
-        adapter.load_state_dict(fedavg(states, weights))
+    federated_cross_entropy(
+        adapter, lambda: AttentionAdapter(text.shape[1]).to(dev), list(zip(feats, task.client_y)),
+        lambda local, f: model.scale * F.normalize(local(f), dim=-1) @ text[: task.n_base].T, cfg, seed, tag=11)
     adapter.eval()
     return {"final": accuracies(lambda x: F.normalize(adapter(model.vision(x)), dim=-1), text, task),
             "adapter": adapter}
@@ -246,26 +251,11 @@ def run_fedmaple(encoder: DualEncoder, task: FederatedTask, cfg: FedDTLConfig, s
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_seed(seed, 29))
         prompts = MultiModalPrompts(initial_context(model), vision_width, depth).to(dev)
-    for t in range(1, cfg.rounds + 1):
-        states, weights = [], []
-        for k, (x, y) in enumerate(zip(task.client_x, task.client_y)):
-            g = torch.Generator().manual_seed(_seed(seed, t, k, 13))
-            local = MultiModalPrompts(initial_context(model), vision_width, depth).to(dev)
-            local.load_state_dict(prompts.state_dict())
-            opt = torch.optim.Adam(local.parameters(), lr=cfg.lr)
-            x, y = x.to(dev), y.to(dev)
-            for _ in range(cfg.sft_epochs):
-                order = torch.randperm(len(x), generator=g).to(dev)
-                for i in range(0, len(x), cfg.batch_size):
-                    idx = order[i:i + cfg.batch_size]
-                    logits = model.scale * local.encode_image(model, x[idx]) @ local.text_embeddings(model, base_names).T
-                    loss = F.cross_entropy(logits, y[idx])
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-            states.append({n: v.detach() for n, v in local.state_dict().items()})
-            weights.append(len(x))
-        prompts.load_state_dict(fedavg(states, weights))
+    federated_cross_entropy(
+        prompts, lambda: MultiModalPrompts(initial_context(model), vision_width, depth).to(dev),
+        list(zip(task.client_x, task.client_y)),
+        lambda local, x: model.scale * local.encode_image(model, x) @ local.text_embeddings(model, base_names).T,
+        cfg, seed, tag=13)
     with torch.no_grad():
         emb = prompts.text_embeddings(model, names)
         final = accuracies(lambda im: prompts.encode_image(model, im), emb, task)
