@@ -78,6 +78,11 @@ def test_regime_specs_declare_their_change_and_reject_the_null_arm():
         assert changed == set(ex.REGIMES[spec_id][0]), spec_id          # one setting changed, nothing else
     names = {c.name for c in regimes["hm_gain_feature_shift"].checks}
     assert "domain_separability" in names and "label_skew" not in names
+    for spec_id, alpha in (("hm_gain_dirichlet_0p5", 0.5), ("hm_gain_dirichlet_1", 1.0)):
+        assert regimes[spec_id].tiers["full"]["alpha"] == alpha and regimes[spec_id].tiers["smoke"]["alpha"] == alpha
+        skew = [c for c in regimes[spec_id].checks if c.name == "label_skew"]
+        assert len(skew) == 1 and skew[0].threshold == 0.15
+        assert len(regimes[spec_id].checks) == len(ex._CHECKS)
     # the registered quick tier is untouched by the optional keys
     assert not set(ex._OPTIONAL_TASK_KEYS + ex._OPTIONAL_FED_KEYS) & set(ex.TIERS["quick"])
 
