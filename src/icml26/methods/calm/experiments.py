@@ -64,7 +64,9 @@ BASELINES = ("scratch", "ar_linear", "nlinear", "tsmixer", "gru", "poco")
 
 
 def _sim(config: Mapping[str, Any]) -> SimConfig:
-    return SimConfig.legacy() if config.get("sim") == "legacy" else SimConfig()
+    """The simulator a config names; ``sim_burn_in`` (decoding/probe v2) drops the latent start-up transient."""
+    kw = {"burn_in": int(config.get("sim_burn_in", 0))}
+    return SimConfig.legacy(**kw) if config.get("sim") == "legacy" else SimConfig(**kw)
 
 
 def _sessions(config: Mapping[str, Any], seed: int) -> tuple[list[Session], list[Session]]:
@@ -410,9 +412,11 @@ LABELS_INFORMATIVE_MIN = 0.2
 """labels_informative: ridge on raw dF/F with all labels must reach this R^2 (seed mean): the behaviour is decodable."""
 
 
-def _decode_data(sess: Session, config: Mapping[str, Any]) -> dict:
+def _decode_data(sess: Session, config: Mapping[str, Any], label_seed: int = 0) -> dict:
     """Per-patch inputs and targets of one target session: patch means (T, N), z-scored behaviour (T,), the raw
-    windows for the backbone (n_win, N, W) and the number of train patches."""
+    windows for the backbone (n_win, N, W), the number of train patches and ``order``, the train patches in the
+    order they receive labels (v2: a random permutation from ``label_seed``, so a label fraction is a random subset
+    shared by every arm and nested across fractions; v1, ``label_order="first"``: the first patches in time)."""
     P, W = config["patch_len"], config["max_patches"] * config["patch_len"]
     if config["target_train_frames"] % W:
         raise ValueError(f"target_train_frames ({config['target_train_frames']}) must be a multiple of the backbone "
@@ -424,7 +428,11 @@ def _decode_data(sess: Session, config: Mapping[str, Any]) -> dict:
     n_train = config["target_train_frames"] // P
     y = (y - y[:n_train].mean()) / y[:n_train].std().clamp_min(1e-6)
     windows = dff.reshape(dff.shape[0], n_win, W).transpose(0, 1)  # (n_win, N, W)
-    return {"x": means, "y": y, "windows": windows, "n_train": n_train}
+    if config.get("label_order", "first") == "random":
+        order = torch.randperm(n_train, generator=torch.Generator().manual_seed(label_seed))
+    else:
+        order = torch.arange(n_train)
+    return {"x": means, "y": y, "windows": windows, "n_train": n_train, "order": order}
 
 
 def _r2(pred: torch.Tensor, y: torch.Tensor) -> float:
@@ -442,11 +450,12 @@ def _adam(params, steps: int, lr: float, loss_fn) -> None:
 
 def _decode_arm(arm: str, value: float, d: dict, n_lab: int, backbone: CalM | None, config: Mapping[str, Any],
                 seed: int) -> float:
-    """Test R^2 of one decoder trained with the first ``n_lab`` train patches labelled (inputs of every train patch
-    may be used, as a self-supervised learner would); ``value`` is its tuned rate or ridge penalty."""
+    """Test R^2 of one decoder trained with the first ``n_lab`` train patches of ``d["order"]`` labelled (inputs of
+    every train patch may be used, as a self-supervised learner would); ``value`` is its tuned rate or ridge
+    penalty."""
     torch.manual_seed(seed)
     x, y, ntr, steps = d["x"], d["y"], d["n_train"], config["decode_steps"]
-    lab = slice(0, n_lab)
+    lab = d["order"][:n_lab].sort().values
     if arm == "ridge_raw":
         W = ridge_fit(x[lab].numpy(), y[lab, None].numpy(), value)
         return r2_score(ridge_predict(W, x[ntr:].numpy()), y[ntr:, None].numpy())
@@ -471,17 +480,19 @@ def _decode_arm(arm: str, value: float, d: dict, n_lab: int, backbone: CalM | No
         model = copy.deepcopy(backbone)
         inputs = model.inputs_from_traces(d["windows"])  # (n_win, N, T_p)
         head = DecodingHead(config["d_model"], config["n_heads"])
-        n_train_win = -(-n_lab // config["max_patches"])  # only windows that hold a labelled patch enter the loss
+        Tp = config["max_patches"]
+        wins = torch.unique(lab // Tp)  # only windows that hold a labelled patch enter the loss
+        pos = torch.searchsorted(wins, lab // Tp) * Tp + lab % Tp  # labelled patches inside those windows
         if arm == "calm_head":
             with torch.no_grad():
-                h = model.features(inputs)
+                h = model.features(inputs[wins])
             params, feats = list(head.parameters()), lambda: h
         else:
             inject_adapters(model, AdapterConfig(r=4, alpha=8.0, target_modules=r".*mlp\.[02]"),
                             lambda lin, r, a, name: LoRALinear(lin, r, a))
             params = list(head.parameters()) + [p for p in model.parameters() if p.requires_grad]
-            feats = lambda: model.features(inputs[:n_train_win])  # noqa: E731
-        _adam(params, steps, value, lambda: nn_mse(head(feats()[:n_train_win]).flatten()[lab], y[lab]))
+            feats = lambda: model.features(inputs[wins])  # noqa: E731
+        _adam(params, steps, value, lambda: nn_mse(head(feats()).flatten()[pos], y[lab]))
         with torch.no_grad():
             pred = head(model.features(inputs)).flatten()
         return _r2(pred[ntr:], y[ntr:])
@@ -497,7 +508,7 @@ def _decode_setup(config: Mapping[str, Any], seed: int) -> tuple[CalM, list[dict
     tok = _tokenizer(pre, config, seed)
     backbone, losses = _pretrain(pre, tok, config, seed)
     acted = _unigram_entropy(tok, pre, config) - float(np.mean(losses[-max(1, len(losses) // 10):]))
-    return backbone, [_decode_data(s, config) for s in tgt], acted
+    return backbone, [_decode_data(s, config, seed * 100 + i) for i, s in enumerate(tgt)], acted
 
 
 def _n_labels(d: dict, frac: float) -> int:
@@ -506,7 +517,9 @@ def _n_labels(d: dict, frac: float) -> int:
 
 def tune_decoders(config: Mapping[str, Any]) -> dict:
     """Per-arm rate (neural decoders) or ridge penalty (ridge_raw, cebra's readout) by the harness rule on tuning
-    seed 1000: mean test R^2 over its targets and every label fraction."""
+    seed 1000: test R^2 over its targets and every label fraction, reduced by ``tune_reduce`` (v2: the median, so
+    a few wild low-label fits cannot decide; v1: the mean)."""
+    reduce = np.median if config.get("tune_reduce", "mean") == "median" else np.mean
     torch.set_num_threads(1)
     cache: dict[int, Any] = {}
 
@@ -514,8 +527,8 @@ def tune_decoders(config: Mapping[str, Any]) -> dict:
         if seed not in cache:
             cache[seed] = _decode_setup(config, seed)
         backbone, data, _ = cache[seed]
-        return float(np.mean([_decode_arm(arm, value, d, _n_labels(d, f), backbone, config, seed * 100 + i)
-                              for i, d in enumerate(data) for f in config["label_fractions"]]))
+        return float(reduce([_decode_arm(arm, value, d, _n_labels(d, f), backbone, config, seed * 100 + i)
+                             for i, d in enumerate(data) for f in config["label_fractions"]]))
 
     arms = [a for a in DECODE_ARMS if a in config["arms"]]
     grids = {a: LogGrid(center=config[f"{a}_center"], factor=3.0, size=config["lr_grid_size"],
@@ -555,7 +568,8 @@ def run_decode_seed(config: Mapping[str, Any], seed: int, prepared: Any = None) 
 
 
 def _dcfg(**kw: Any) -> dict:
-    base = {**_cfg(), "target_train_frames": 1280, "target_test_frames": 1280, "label_fractions": [0.05, 0.2, 1.0],
+    base = {**_cfg(), "sim_burn_in": 100, "label_order": "random", "tune_reduce": "median",
+            "target_train_frames": 1280, "target_test_frames": 1280, "label_fractions": [0.05, 0.2, 1.0],
             "decode_steps": 100, "calm_head_center": 3e-3, "calm_lora_center": 1e-3, "ridge_raw_center": 10.0,
             "mlp_center": 1e-3, "gru_dec_center": 3e-3, "cebra_center": 1.0, "arms": list(DECODE_ARMS)}
     for k in ("calm_lr_center", "scratch_lr_center", "nlinear_lr_center", "tsmixer_lr_center", "gru_lr_center",
@@ -571,15 +585,19 @@ def _dcfg(**kw: Any) -> dict:
 PROBE_ARMS = ("calm_probe", "random_probe", "raw_probe")
 
 
-def _probe_features(arm: str, d: dict, backbone: CalM, random_backbone: CalM) -> np.ndarray:
-    """(T, F) per-patch features: neuron-averaged hidden states of the pretrained or the random-init backbone, or
-    the per-neuron patch means of dF/F."""
+def _probe_features(arm: str, d: dict, backbone: CalM, random_backbone: CalM, pool: str = "concat") -> np.ndarray:
+    """(T, F) per-patch features: hidden states of the pretrained or the random-init backbone, or the per-neuron
+    patch means of dF/F. ``pool="concat"`` (v2): every neuron's state side by side, F = N d (the probe is fit per
+    session, so it may weight neurons differently, as the latent's mixing does); ``"mean"`` (v1): the neuron
+    average, F = d."""
     if arm == "raw_probe":
         return d["x"].numpy()
     model = backbone if arm == "calm_probe" else random_backbone
     with torch.no_grad():
         h = model.features(model.inputs_from_traces(d["windows"]))  # (n_win, N, T_p, d)
-    return h.mean(1).reshape(-1, h.shape[-1]).numpy()
+    if pool == "mean":
+        return h.mean(1).reshape(-1, h.shape[-1]).numpy()
+    return h.permute(0, 2, 1, 3).reshape(h.shape[0] * h.shape[2], -1).numpy()
 
 
 def _probe_setup(config: Mapping[str, Any], seed: int) -> tuple[dict, list[dict], float]:
@@ -590,11 +608,12 @@ def _probe_setup(config: Mapping[str, Any], seed: int) -> tuple[dict, list[dict]
     acted = _unigram_entropy(tok, pre, config) - float(np.mean(losses[-max(1, len(losses) // 10):]))
     data = []
     for s in tgt:
-        d = _decode_data(s, config)
+        d = _decode_data(s, config)  # the probe uses every train patch, so the label order plays no part
         P, T = config["patch_len"], d["x"].shape[0]
         lat = torch.as_tensor(s.latents[:T * P]).reshape(T, P, -1).mean(1).numpy()  # patch-mean latent (T, D)
         data.append({**d, "latents": lat,
-                     "feats": {a: _probe_features(a, d, backbone, random_backbone) for a in PROBE_ARMS}})
+                     "feats": {a: _probe_features(a, d, backbone, random_backbone, config["probe_features"])
+                               for a in PROBE_ARMS}})
     return {"acted": acted}, data, acted
 
 
@@ -616,7 +635,7 @@ def tune_probes(config: Mapping[str, Any]) -> dict:
             cache[seed] = _probe_setup(config, seed)[1]
         return float(np.mean([_probe_r2(d["feats"][arm], d["latents"], d["n_train"], alpha) for d in cache[seed]]))
 
-    grids = {a: LogGrid(center=config["probe_alpha_center"], factor=3.0, size=config["lr_grid_size"])
+    grids = {a: LogGrid(center=config["probe_alpha_center"], factor=3.0, size=config["probe_grid_size"])
              for a in PROBE_ARMS if a in config["arms"]}
     return {"tuning": tune_per_arm(grids, score, mode="max", desc="calm probes")}
 
@@ -636,14 +655,18 @@ def run_probe_seed(config: Mapping[str, Any], seed: int, prepared: Any = None) -
         stats["probe_gain"] = arms["calm_probe"]["score"] - arms["random_probe"]["score"]
     if "calm_probe" in arms and "raw_probe" in arms:
         stats["probe_gain_over_raw"] = arms["calm_probe"]["score"] - arms["raw_probe"]["score"]
+    checks = {"pretraining_acted": acted}
+    if "raw_probe" in arms:
+        checks["latent_decodable"] = arms["raw_probe"]["score"]
     log_metrics(seed, **{f"{a}_score": v["score"] for a, v in arms.items()})
-    return {"arms": arms, "statistics": stats, "curves": {}, "checks": {"pretraining_acted": acted}}
+    return {"arms": arms, "statistics": stats, "curves": {}, "checks": checks}
 
 
 def _pcfg(**kw: Any) -> dict:
     base = {k: v for k, v in _dcfg().items() if not k.endswith("_center") and k not in ("label_fractions",
                                                                                       "decode_steps")}
-    base.update({"probe_alpha_center": 1000.0, "arms": list(PROBE_ARMS)})
+    base.update({"probe_alpha_center": 1000.0, "probe_features": "concat", "probe_grid_size": 5,
+                 "arms": list(PROBE_ARMS)})
     unknown = set(kw) - set(base) - {"null", "checkpoint_dir", "checkpoint_every"}
     if unknown:
         raise ValueError(f"unknown config keys {sorted(unknown)}")
@@ -715,8 +738,8 @@ SPECS = [
         claim="Linear analyses of CalM's pretrained representations reveal the population's functional structure: "
               "a linear probe recovers the latent state better from pretrained than from untrained features",
         paper_ref="arXiv 2604.04958, abstract (linear analyses of the representations); notes 5.4 (probes of latents)",
-        metric="test R^2 of a ridge probe from neuron-averaged hidden states per patch to the simulator's latent "
-               "state (patch mean), on held-out targets",
+        metric="test R^2 of a ridge probe from the per-patch hidden states of all neurons (concatenated) to the "
+               "simulator's latent state (patch mean), on held-out targets",
         arms=PROBE_ARMS, baseline="random_probe",
         comparator=Comparator("probe_gain", ">", 0.0,
                               "R^2(probe on pretrained features) - R^2(probe on the same backbone at its random "
@@ -724,7 +747,10 @@ SPECS = [
         run=run_probe_seed, prepare=tune_probes, null_value=0.0,
         checks=(MechanismCheck("pretraining_acted", ">=", BEYOND_UNIGRAM_MIN,
                                f"pretraining CE at least {BEYOND_UNIGRAM_MIN:g} nat below the code-frequency "
-                               "entropy"),),
+                               "entropy"),
+                MechanismCheck("latent_decodable", ">=", LABELS_INFORMATIVE_MIN,
+                               f"a ridge probe on raw dF/F patch means reaches R^2 >= {LABELS_INFORMATIVE_MIN:g}: "
+                               "the latent state is linearly present in the data at all", reduce="mean")),
         tiers={"smoke": _pcfg(n_families=2, sessions_per_family=1, pretrain_frames=400, target_train_frames=256,
                               target_test_frames=256, codebook_size=16, tokenizer_steps=20, pretrain_steps=10,
                               lr_grid_size=1),

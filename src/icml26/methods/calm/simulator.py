@@ -40,6 +40,11 @@ class SimConfig:
     drift_sd: log-amplitude of a slow low-pass random-walk baseline drift (0 disables).
     bleaching: fraction of the baseline lost to exponential photobleaching over the session (0 disables).
     behavior_fraction: fraction of neurons with a gain on the behaviour variable u_t (0 disables).
+    behavior_gain: multiplies those neurons' gains g_n ~ U[0.5, 1.5] (1 = protocol v3; the decoding claim's v2
+        design raises it so the behaviour is decodable from single sessions at all).
+    burn_in: frames of latent dynamics simulated and discarded before frame 0 (0 = protocol v3, whose sessions
+        start with the transient from x_0 ~ N(0, I), several times the stationary scale, so the session-wide
+        standardisation of x and the behaviour are dominated by the first ~5 s).
     dff: "percentile" = dF/F with F0 the running 8th percentile over 30 s, then z-score; "zscore" = z-score the
         raw trace (v1/v2).
     noise_sd: Gaussian noise sd in units of one action potential's fluorescence (1 / single-spike SNR).
@@ -52,6 +57,8 @@ class SimConfig:
     drift_sd: float = 0.1
     bleaching: float = 0.2
     behavior_fraction: float = 0.25
+    behavior_gain: float = 1.0
+    burn_in: int = 0
     dff: str = "percentile"
     noise_sd: float = 0.3
     coupling: float = 1.2
@@ -62,13 +69,16 @@ class SimConfig:
         for name, allowed in (("dynamics", DYNAMICS), ("indicator", INDICATORS), ("dff", DFF_MODES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"SimConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("drift_sd", "bleaching", "behavior_fraction", "noise_sd", "coupling", "rnn_gain"):
+        for name in ("drift_sd", "bleaching", "behavior_fraction", "behavior_gain", "noise_sd", "coupling",
+                     "rnn_gain"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
                 raise ValueError(f"SimConfig.{name} must be a finite number >= 0, got {v!r}")
         if self.bleaching >= 1 or self.behavior_fraction > 1:
             raise ValueError(f"SimConfig.bleaching must be < 1 and behavior_fraction <= 1, got {self.bleaching!r}, "
                              f"{self.behavior_fraction!r}")
+        if not (isinstance(self.burn_in, int) and not isinstance(self.burn_in, bool) and self.burn_in >= 0):
+            raise ValueError(f"SimConfig.burn_in must be an integer >= 0, got {self.burn_in!r}")
         if not (isinstance(self.latent_dim, int) and self.latent_dim >= 2 and self.latent_dim % 2 == 0):
             raise ValueError(f"SimConfig.latent_dim must be an even integer >= 2, got {self.latent_dim!r}")
 
@@ -80,7 +90,11 @@ class SimConfig:
 
     @property
     def hash(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        d = asdict(self)
+        for k, neutral in (("behavior_gain", 1.0), ("burn_in", 0)):  # added after v3: at their neutral values
+            if d[k] == neutral:                                     # the v3 hash (cited by results) holds
+                del d[k]
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -182,20 +196,22 @@ def simulate_session(family: int, session_seed: int, *, n_neurons: int = 32, n_f
     fam = family_dynamics(family, D, rnn_gain=sim.rnn_gain)
     rng = np.random.default_rng([family, session_seed])
     rng3 = np.random.default_rng([family, session_seed, 3])  # v3 ingredients: a separate stream
-    x = np.zeros((n_frames, D))
+    n_lat = n_frames + sim.burn_in
+    x = np.zeros((n_lat, D))
     x[0] = rng.standard_normal(D)
     z = 0
-    noise = rng.standard_normal((n_frames, D)) * 0.15
-    flips = rng.random(n_frames) > fam["stay"]
+    noise = rng.standard_normal((n_lat, D)) * 0.15
+    flips = rng.random(n_lat) > fam["stay"]
     if sim.dynamics == "switching":
-        for t in range(1, n_frames):
+        for t in range(1, n_lat):
             z = 1 - z if flips[t] else z
             x[t] = fam["A"][z] @ x[t - 1] + noise[t]
     else:
         a = 1.0 / (fs * 1.0)  # RNN time constant 1 s
         J = fam["J"]
-        for t in range(1, n_frames):
+        for t in range(1, n_lat):
             x[t] = (1 - a) * x[t - 1] + a * J @ np.tanh(x[t - 1]) + np.sqrt(a) * noise[t]
+    x = x[sim.burn_in:]
     x = (x - x.mean(0)) / x.std(0).clip(1e-9)
     loadings = rng.standard_normal((n_neurons, D)) * (rng.random((n_neurons, D)) < 0.5)
     loadings /= np.maximum(np.linalg.norm(loadings, axis=1, keepdims=True), 1e-6)
@@ -204,6 +220,7 @@ def simulate_session(family: int, session_seed: int, *, n_neurons: int = 32, n_f
     drive = sim.coupling * x @ loadings.T - 1.0
     if sim.behavior_fraction > 0:
         gain = (rng3.random(n_neurons) < sim.behavior_fraction) * rng3.uniform(0.5, 1.5, n_neurons)
+        gain = gain * sim.behavior_gain
         drive = drive + ((behavior - behavior.mean()) / behavior.std().clip(1e-9))[:, None] * gain
     rates = base_hz * np.logaddexp(0.0, drive) / np.log1p(np.exp(-1.0))
     spikes = rng.poisson(rates / fs).astype(float)
