@@ -220,6 +220,15 @@ def test_malformed_replies_are_named():
     assert "labels" in reply_problem(_fake_reply(lora, emb, lab + 4), lora, 16, 4)
     assert "names" in reply_problem(_fake_reply({"v": torch.zeros(2, 3)}, emb, lab), lora, 16, 4)
     assert "num-examples" in reply_problem(_fake_reply(lora, emb, lab, n=0), lora, 16, 4)
+    for missing in ("arrays", "embeddings", "metrics"):  # a reply without one of its records
+        content = _fake_reply(lora, emb, lab)
+        del content[missing]
+        assert reply_problem(content, lora, 16, 4) == f"missing record {missing!r}"
+    assert "(m, 16)" in reply_problem(_fake_reply(lora, emb[:, :8], lab), lora, 16, 4)       # wrong embedding dim
+    assert "(m, 16)" in reply_problem(_fake_reply(lora, emb, lab[:3]), lora, 16, 4)          # labels != rows
+    assert "integers" in reply_problem(_fake_reply(lora, emb, lab.float()), lora, 16, 4)     # float labels
+    assert "integers" in reply_problem(_fake_reply(lora, emb, lab - 1), lora, 16, 4)         # label -1
+    assert "non-finite" in reply_problem(_fake_reply({"w": torch.full((2, 3), float("inf"))}, emb, lab), lora, 16, 4)
 
 
 def test_flower_simulation_equals_the_plain_loop(encoder):
@@ -240,9 +249,11 @@ def test_flower_simulation_equals_the_plain_loop(encoder):
 
 
 @pytest.mark.slow
-def test_flower_round_survives_a_crashing_and_a_nan_client(encoder):
+def test_flower_round_survives_a_crashing_and_a_nan_client(encoder, caplog):
     """3 nodes in Flower's simulation: node 1 raises, node 2 uploads NaN embeddings. Both are rejected with their
-    reason recorded, and the round aggregates node 0 alone (equal to the plain update of client 0 alone)."""
+    reason recorded and logged as errors naming the node, and the round aggregates node 0 alone (equal to the plain
+    update of client 0 alone)."""
+    import logging
     pytest.importorskip("flwr")
     pytest.importorskip("ray")
     from flwr.app import ArrayRecord
@@ -265,10 +276,14 @@ def test_flower_round_survives_a_crashing_and_a_nan_client(encoder):
             reply.content["embeddings"] = ArrayRecord(torch_state_dict=up)
         return reply
 
-    out = run_simulation_federation(encoder, task, cfg, seed=0, client_app=app)
+    with caplog.at_level(logging.ERROR, logger="icml26.feddtl.flower"):
+        out = run_simulation_federation(encoder, task, cfg, seed=0, client_app=app)
     assert out["participants"] == [[0]]
     problems = sorted(r["problem"] for r in out["rejected"])
     assert len(problems) == 2 and "error reply" in problems[0] and "non-finite" in problems[1]
+    logged = [r.getMessage() for r in caplog.records if r.name == "icml26.feddtl.flower" and r.levelno == logging.ERROR]
+    for rejection in out["rejected"]:
+        assert any(f"node {rejection['node']} " in m and rejection["problem"] in m for m in logged), logged
     model = build_model(encoder, cfg, 0)
     state = init_server(model, task.prompts)
     r0 = client_update(model, task.client_x[0], task.client_y[0], state.vision, state.text_emb[:3], cfg, 1, 0, 0)

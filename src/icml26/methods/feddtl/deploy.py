@@ -22,6 +22,11 @@ a deployment stopped after round t and started again with the same ``checkpoint`
 round t + 1 and ends where an uninterrupted run ends (tested; snapshots are only read in RL rounds and only written
 in SFT rounds, so a re-run round never sees a snapshot from its own future).
 
+Client mods: ``client_mods=["module:attr", ...]`` wraps every training call in Flower client mods (as
+``ClientApp(mods=...)`` would); the fault tests use one to make a client hang inside its app, which Flower sees as a
+live, running task (a SIGSTOPped ClientApp sends no task heartbeat, and Flower relaunches a task that had not started
+after 30 s, so it is not a hanging client; README "A hanging client").
+
 Command line (also ``icml26 feddtl``)::
 
     python -m icml26.methods.feddtl.deploy --clients 2 --rounds 2 --sft-rounds 1 --tiny-encoder
@@ -30,6 +35,8 @@ Command line (also ``icml26 feddtl``)::
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import inspect
 import json
 import os
@@ -97,13 +104,22 @@ def make_deployed_apps():
         spec, encoder, task, cfg = _load_spec(context)
         state_dir = context.node_config.get("state-dir")
         snap = Path(str(state_dir)) / _SNAPSHOT if state_dir else None
-        if snap is not None and "sft_snapshot" not in context.state and snap.exists():
-            context.state["sft_snapshot"] = ArrayRecord(torch_state_dict=load_file(str(snap)))
-        reply = make_client_app(encoder, task, cfg, spec["seed"])(msg, context)
-        if snap is not None and "sft_snapshot" in context.state:
-            tensors = context.state["sft_snapshot"].to_torch_state_dict()
-            atomic_write_bytes(snap, save({k: v.contiguous() for k, v in tensors.items()}))
-        return reply
+
+        def feddtl_train(msg, context):
+            if snap is not None and "sft_snapshot" not in context.state and snap.exists():
+                context.state["sft_snapshot"] = ArrayRecord(torch_state_dict=load_file(str(snap)))
+            reply = make_client_app(encoder, task, cfg, spec["seed"])(msg, context)
+            if snap is not None and "sft_snapshot" in context.state:
+                tensors = context.state["sft_snapshot"].to_torch_state_dict()
+                atomic_write_bytes(snap, save({k: v.contiguous() for k, v in tensors.items()}))
+            return reply
+
+        # the spec's mods wrap the training call the way Flower's ClientApp(mods=...) does (first = outermost);
+        # they are resolved here because the spec, and so the list, is only known once a message arrives
+        handler = feddtl_train
+        for ref in reversed(spec.get("client_mods", [])):
+            handler = functools.partial(_call_mod, resolve_ref(ref), call_next=handler)
+        return handler(msg, context)
 
     server_app = ServerApp()
 
@@ -131,6 +147,25 @@ def make_deployed_apps():
             raise
 
     return server_app, client_app
+
+
+def resolve_ref(ref: str):
+    """The object named by ``"package.module:attribute"`` (imported in the calling process)."""
+    if not isinstance(ref, str) or ref.count(":") != 1 or not all(ref.split(":")):
+        raise ValueError(f"a client mod must be named as 'module:attribute', got {ref!r}")
+    module, attr = ref.split(":")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"client mod {ref!r} cannot be imported: {err}") from None
+    if not callable(obj):
+        raise ValueError(f"client mod {ref!r} is not callable")
+    return obj
+
+
+def _call_mod(mod, msg, context, call_next):
+    """One link of a Flower mod chain: ``mod(msg, context, call_next) -> reply``."""
+    return mod(msg, context, call_next)
 
 
 # ---------------------------------------------------------------- process orchestration (the driver)
@@ -269,7 +304,8 @@ insecure = true
 """
 
 
-def _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint, round_timeout):
+def _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint, round_timeout,
+                  client_mods=()):
     """Everything that can be wrong with the arguments, raised before any file is written or process started."""
     if not isinstance(encoder, DualEncoder):
         raise TypeError(f"encoder must be a feddtl DualEncoder, got {type(encoder).__name__}")
@@ -294,6 +330,10 @@ def _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, chec
             raise ValueError("stop_after_round needs a checkpoint (otherwise the stopped run cannot be resumed)")
         if not (isinstance(stop_after_round, int) and 1 <= stop_after_round < cfg.rounds):
             raise ValueError(f"stop_after_round must be an int in [1, rounds={cfg.rounds}), got {stop_after_round!r}")
+    if isinstance(client_mods, str) or not isinstance(client_mods, (list, tuple)):
+        raise TypeError(f"client_mods must be a list of 'module:attribute' names, got {client_mods!r}")
+    for ref in client_mods:  # the ClientApp processes import them again; fail here, before anything starts
+        resolve_ref(ref)
     task = make_task(**task_args)  # raises ValueError on bad values; also gives the number of clients
     if encoder.cfg.image_size != task.client_x[0].shape[-1]:
         raise ValueError(f"the task's images are {task.client_x[0].shape[-1]} px, the encoder takes "
@@ -304,7 +344,7 @@ def _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, chec
 def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLConfig, seed: int, *,
                             workdir: str | Path | None = None, checkpoint: str | Path | None = None,
                             timeout: float = 600.0, round_timeout: float = 3600.0,
-                            stop_after_round: int | None = None) -> dict:
+                            stop_after_round: int | None = None, client_mods: list[str] | tuple = ()) -> dict:
     """Run FedDTL on a loopback Flower deployment (a SuperLink and one SuperNode per client, separate processes).
 
     Args:
@@ -319,6 +359,9 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
             hanging ClientApp) is recorded in ``rejected`` and the round aggregates the others.
         stop_after_round: stop (SIGTERM, then SIGKILL, every process) as soon as the checkpoint records this
             round, as a crash would; the return value then has ``"stopped_after"`` and no metrics.
+        client_mods: Flower client mods, ``mod(msg, context, call_next) -> reply``, named ``"module:attribute"``
+            (importable here and in the ClientApp processes, which inherit this environment, e.g. PYTHONPATH);
+            they wrap every training call in this order, first outermost, as ``ClientApp(mods=...)`` would.
 
     Returns:
         ``{"final", "text_shift", "state" (ServerState), "rejected", "participants", "drift", "resumed_after",
@@ -327,7 +370,8 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
         run (the federation continued without them; their pending replies are in ``rejected``); ``marker``: the
         value of ``MARKER`` in the environment of every process this deployment started.
     """
-    task = _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint, round_timeout)
+    task = _check_inputs(encoder, task_args, cfg, seed, timeout, stop_after_round, checkpoint, round_timeout,
+                         client_mods)
     require("flwr", "pip install 'icml26[fl]'", purpose="the FedDTL Flower deployment")
     from importlib.metadata import version
 
@@ -356,7 +400,7 @@ def run_deployed_federation(encoder: DualEncoder, task_args: dict, cfg: FedDTLCo
     atomic_write_json(work / "spec.json", {
         "encoder": str(work / "encoder.safetensors"), "encoder_cfg": asdict(encoder.cfg), "task": task_args,
         "cfg": cfg.to_dict(), "seed": seed, "checkpoint": str(ckpt) if ckpt else None, "out": str(out),
-        "round_timeout": float(round_timeout)})
+        "round_timeout": float(round_timeout), "client_mods": list(client_mods)})
     atomic_write_text(app / "pyproject.toml", _PYPROJECT.format(module=_APP_MODULE, spec=work / "spec.json"))
     atomic_write_text(app / f"{_APP_MODULE}.py", "from icml26.methods.feddtl.deploy import make_deployed_apps\n\n"
                       "APPS = make_deployed_apps()\nserver_app = APPS[0]\nclient_app = APPS[1]\n")
@@ -462,6 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before everything is stopped")
     p.add_argument("--round-timeout", type=float, default=3600.0, help="seconds the server waits for a round's "
                    "replies; clients that have not replied are recorded and the round goes on without them")
+    p.add_argument("--client-mod", action="append", default=[], metavar="MODULE:ATTR", help="a Flower client mod "
+                   "wrapping every training call (repeatable; first = outermost; importable here and by the "
+                   "ClientApp processes)")
     return p
 
 
@@ -485,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = run_deployed_federation(encoder, task_args, cfg, args.seed, workdir=args.workdir,
                                       checkpoint=args.checkpoint, timeout=args.timeout,
-                                      round_timeout=args.round_timeout)
+                                      round_timeout=args.round_timeout, client_mods=args.client_mod)
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
