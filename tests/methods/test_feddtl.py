@@ -231,6 +231,69 @@ def test_malformed_replies_are_named():
     assert "non-finite" in reply_problem(_fake_reply({"w": torch.full((2, 3), float("inf"))}, emb, lab), lora, 16, 4)
 
 
+def test_strategy_round_drops_crashed_silent_and_malformed_clients(encoder, monkeypatch, caplog):
+    """FedDTLStrategy.aggregate_train on one round of hand-delivered replies, no Flower processes (fast): node 21
+    (partition 0) replies through the real ClientApp; node 22 crashed (an error reply, as Flower makes for a
+    crashed ClientApp), node 23 uploads a label outside the base classes, node 24 sends nothing (the round
+    timeout), node 25 omits its vision-LoRA record. Each is recorded and logged naming the node and its problem,
+    and the aggregate equals the plain server update with client 0 alone."""
+    pytest.importorskip("flwr")
+    import logging
+
+    from flwr.app import ArrayRecord, Context, Error, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from icml26.methods.feddtl.flower import make_client_app, make_strategy_class
+    for name, value in (("_run_id", 7), ("_node_id", 1), ("_task_id", 3)):  # Messages need the task's identity
+        monkeypatch.setattr(TaskIdentity, name, value)
+    task = make_task(2, n_base=3, n_novel=2, num_clients=4, train_per_class=6, val_per_class=2, test_per_class=3)
+    cfg = small_cfg(rounds=1, sft_rounds=1)
+    strategy = make_strategy_class()(encoder, task, cfg, 0, min_nodes=5, round_timeout=7)
+    nodes = [21, 22, 23, 24, 25]
+
+    class Grid:
+        def get_node_ids(self):
+            return nodes
+
+    sent = list(strategy.configure_train(1, strategy.initial_arrays(), None, Grid()))
+    assert [int(m.metadata.dst_node_id) for m in sent] == nodes
+    for i, m in enumerate(sent):  # the grid sets each message id when it pushes the message
+        m.metadata.__dict__["_message_id"] = f"train-{i}"
+    app = make_client_app(encoder, task, cfg, 0)
+
+    def reply(i, partition):
+        context = Context(run_id=7, node_id=nodes[i], node_config={"partition-id": partition}, state=RecordDict(),
+                          run_config={})
+        return app(sent[i], context)
+
+    bad_label = reply(2, 2)
+    up = bad_label.content["embeddings"].to_torch_state_dict()
+    up["labels"][0] = task.n_base  # a novel-class label: outside the set the server trains on
+    bad_label.content["embeddings"] = ArrayRecord(torch_state_dict=up)
+    no_arrays = reply(4, 3)
+    del no_arrays.content["arrays"]
+    replies = [reply(0, 0), Message(Error(code=0, reason="simulated crash"), reply_to=sent[1]), bad_label, no_arrays]
+    with caplog.at_level(logging.ERROR, logger="icml26.feddtl.flower"):
+        arrays, metrics = strategy.aggregate_train(1, replies)
+    assert strategy.participants == [[0]] and metrics["clients"] == 1
+    problems = {r["node"]: r["problem"] for r in strategy.rejected}
+    assert sorted(problems) == [22, 23, 24, 25]
+    assert problems[22].startswith("error reply") and "simulated crash" in problems[22]
+    assert problems[23] == "labels must be integers in [0, 3)"
+    assert problems[24] == "no reply within the round timeout (7 s)"
+    assert problems[25] == "missing record 'arrays'"
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    for node, problem in problems.items():
+        assert any(f"node {node} " in m and problem in m for m in logged), (node, logged)
+    model = build_model(encoder, cfg, 0)
+    state = init_server(model, task.prompts)
+    r0 = client_update(model, task.client_x[0], task.client_y[0], state.vision, state.text_emb[:3], cfg, 1, 0, 0)
+    expected = server_update(model, state, [r0], task.prompts, task.n_base, cfg, 1, 0)
+    for k, v in expected.vision.items():
+        assert torch.allclose(v, arrays.to_torch_state_dict()[k], atol=1e-6), k
+    assert torch.allclose(expected.text_emb, strategy.state.text_emb, atol=1e-6)
+
+
 def test_flower_simulation_equals_the_plain_loop(encoder):
     """Flower's own simulation engine (Ray backend), 2 clients, 2 rounds (SFT then RL, so the RL round needs the
     SFT snapshot from the client's persistent context.state): same global LoRA, text embeddings and metrics."""
