@@ -256,4 +256,21 @@ SPECS = [
         notes="Hopper-v5 medium recorded from our SAC (python -m icml26.rl.sac); TD3+BC host, CORL MuJoCo "
               "defaults, no state normalisation; full tier only.",
     ),
+    ExperimentSpec(
+        id="dare_vs_origin_iql_hopper", room="dare", claim=CLAIM, paper_ref=PAPER_REF,
+        metric="D4RL-style normalised return (100 = our SAC expert, 0 = uniform random) after the online budget",
+        arms=ARMS, baseline="origin", comparator=COMPARATOR, run=run_claim, prepare=prepare, plot=plot_curves,
+        tiers={"smoke": _tier(20, 20, host="iql", env_id="Hopper-v5", level="random", transitions=600,
+                              sparse=False, reward_bias=0.0, smoke_random_data=True, bc_steps=10, eval_every=10,
+                              eval_episodes=1, tune_online_steps=10, batch_size=32, hidden=16),
+               "full": _tier(4000, 3000, host="iql", env_id="Hopper-v5", level="medium", transitions=100000,
+                             sparse=False, reward_bias=0.0, eval_every=500, eval_episodes=5,
+                             tune_online_steps=1500)},
+        seeds={"smoke": 1, "full": 3},
+        checks=_checks("IQL"),
+        null_value=0.0,
+        notes="Hopper-v5 medium (100k transitions) recorded from our SAC (python -m icml26.rl.sac); IQL host, CORL "
+              "MuJoCo defaults (tau 0.7, beta 3), 2x64 MLPs, 4k offline and 3k online steps sized for about an "
+              "hour of one loaded CPU core (README, full-tier protocol); full tier only.",
+    ),
 ]
