@@ -1,6 +1,7 @@
 """Tokenizer fidelity (issue 14): reconstruction R^2 = 1 - MSE/Var on held-out single-neuron patches of simulated
-dF/F (protocol v3 simulator) for the learned VQ-VAE and FSQ tokenizers, k-means and Chronos-style scalar
-quantisation, plus code usage (perplexity of the code frequencies) and fit time. Writes JSON."""
+dF/F (protocol v3 simulator) for the learned VQ-VAE, FSQ and residual-VQ tokenizers, k-means and Chronos-style
+scalar quantisation, plus code usage (perplexity of the code frequencies) and fit time. Writes JSON.
+``--kinds`` picks the tokenizers (FSQ needs K without prime factors above 8); ``--rvq-stages`` the RVQ depth."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def main(argv=None) -> int:
     ap.add_argument("--patch-len", type=int, default=8)
     ap.add_argument("--steps", type=int, nargs="+", default=[300, 1500])
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--kinds", nargs="+", default=["kmeans", "vqvae", "fsq", "rvq"])
+    ap.add_argument("--rvq-stages", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/calm_tokenizer_fidelity.json")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -35,14 +38,15 @@ def main(argv=None) -> int:
         lo, hi = float(fit.quantile(0.005)), float(fit.quantile(0.995))
         rows.append({"seed": seed, "tokenizer": f"scalar_{K}_levels_per_frame", "bits_per_patch": P * np.log2(K),
                      "r2": reconstruction_r2(scalar_quantize(test, K, lo, hi), test)})
-        for kind in ("kmeans", "vqvae", "fsq"):
+        for kind in a.kinds:
             for steps in ([0] if kind == "kmeans" else a.steps):
                 t0 = time.perf_counter()
-                tok = fit_tokenizer(kind, fit, K, seed=seed, steps=steps)
+                tok = fit_tokenizer(kind, fit, K, seed=seed, steps=steps, stages=a.rvq_stages)
                 codes = tok.encode(test)
                 p = torch.bincount(codes.flatten(), minlength=K).double()
                 p = p[p > 0] / p.sum()
-                rows.append({"seed": seed, "tokenizer": kind, "steps": steps, "bits_per_patch": float(np.log2(K)),
+                rows.append({"seed": seed, "tokenizer": kind, "steps": steps,
+                             "stages": a.rvq_stages if kind == "rvq" else 1, "bits_per_patch": float(np.log2(K)),
                              "r2": reconstruction_r2(tok.decode(codes), test),
                              "codes_used": int(len(p)), "perplexity": float(torch.exp(-(p * p.log()).sum())),
                              "fit_s": time.perf_counter() - t0})

@@ -5,6 +5,10 @@ the scratch reduction switch, config ValueErrors and a smoke run of the claim wi
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 import torch
@@ -76,7 +80,8 @@ def test_every_ingredient_switches_and_is_hashed():
     again = simulate_session(2, 5, n_neurons=6, n_frames=400)
     assert ref.content_hash == again.content_hash and np.array_equal(ref.dff, again.dff)
     switches = [{"dynamics": "switching"}, {"indicator": "ar1"}, {"saturation": False}, {"neuropil": False},
-                {"drift_sd": 0.0}, {"bleaching": 0.0}, {"behavior_fraction": 0.0}, {"dff": "zscore"}]
+                {"drift_sd": 0.0}, {"bleaching": 0.0}, {"behavior_fraction": 0.0}, {"dff": "zscore"},
+                {"burn_in": 50}, {"behavior_fraction": 1.0, "behavior_gain": 2.0}]
     hashes = {ref.content_hash}
     for kw in switches:
         s = simulate_session(2, 5, n_neurons=6, n_frames=400, sim=SimConfig(**kw))
@@ -84,6 +89,19 @@ def test_every_ingredient_switches_and_is_hashed():
         hashes.add(s.content_hash)
     assert len(hashes) == len(switches) + 1
     assert simulate_session(2, 6, n_neurons=6, n_frames=400).content_hash != ref.content_hash
+
+
+def test_post_v3_switches_keep_the_v3_hash_and_burn_in_drops_the_transient():
+    """behavior_gain and burn_in arrived after v3: at their neutral values the hash v3 results cite is unchanged.
+    burn_in simulates the latents that much longer and drops the start: the v3 start-up transient (x_0 ~ N(0, I),
+    several times the stationary scale) no longer dominates the standardised latents."""
+    assert SimConfig(behavior_gain=1.0, burn_in=0).hash == SimConfig().hash
+    v3 = {k: v for k, v in asdict(SimConfig()).items() if k not in ("behavior_gain", "burn_in")}
+    assert SimConfig().hash == hashlib.sha256(json.dumps(v3, sort_keys=True).encode()).hexdigest()[:16]
+    plain = simulate_session(0, 1, n_neurons=6, n_frames=1000)
+    burnt = simulate_session(0, 1, n_neurons=6, n_frames=1000, sim=SimConfig(burn_in=100))
+    assert np.abs(plain.latents[:30]).max() > 2 * np.abs(plain.latents[200:]).max()
+    assert np.abs(burnt.latents[:30]).max() < 1.5 * np.abs(burnt.latents[200:]).max()
 
 
 def test_legacy_session_ignores_v3_streams():
@@ -99,7 +117,9 @@ def test_legacy_session_ignores_v3_streams():
 
 @pytest.mark.parametrize("kw,field", [({"dynamics": "lds"}, "dynamics"), ({"indicator": "ar3"}, "indicator"),
                                       ({"dff": "raw"}, "dff"), ({"bleaching": 1.0}, "bleaching"),
-                                      ({"drift_sd": -1.0}, "drift_sd"), ({"latent_dim": 5}, "latent_dim")])
+                                      ({"drift_sd": -1.0}, "drift_sd"), ({"latent_dim": 5}, "latent_dim"),
+                                      ({"behavior_gain": -1.0}, "behavior_gain"), ({"burn_in": -1}, "burn_in"),
+                                      ({"burn_in": 2.5}, "burn_in")])
 def test_sim_config_rejects_bad_values(kw, field):
     with pytest.raises(ValueError, match=field):
         SimConfig(**kw)
@@ -130,15 +150,15 @@ def test_kmeans_tokenizer_recovers_clusters_and_shapes():
         PatchTokenizer.fit(pts[:3], 4)
 
 
-@pytest.mark.parametrize("kind", ["vqvae", "fsq"])
+@pytest.mark.parametrize("kind", ["vqvae", "fsq", "rvq"])
 def test_learned_tokenizer_table_equals_decoder_path(kind):
     centers, pts = _clusters()
-    tok = LearnedTokenizer.fit(pts, 16, kind=kind, seed=0, steps=80, batch=128)
+    tok = LearnedTokenizer.fit(pts, 16, kind=kind, seed=0, steps=80, batch=128)  # rvq: 2 stages of 4 codes
     codes = tok.encode(pts[:50].reshape(5, 10, 8))
     assert codes.shape == (5, 10) and int(codes.min()) >= 0 and int(codes.max()) < 16
     with torch.no_grad():  # decode = the codebook table = the decoder applied to the quantised latent
         z = tok.enc(pts[:50])
-        zq = tok._fsq(z)[0] if kind == "fsq" else tok.embed[tok._nearest(z)]
+        zq = tok._fsq(z)[0] if kind == "fsq" else tok._quantize(z)[0]
         torch.testing.assert_close(tok.decode(codes).reshape(50, 8), tok.dec(zq), rtol=1e-5, atol=1e-5)
     assert all(not p.requires_grad for p in tok.parameters())
     if kind == "vqvae":  # four planted clusters: each gets its own code(s), never shared with another cluster
@@ -148,12 +168,34 @@ def test_learned_tokenizer_table_equals_decoder_path(kind):
         assert reconstruction_r2(tok.decode(tok.encode(pts)), pts) > 0.8
 
 
+def test_rvq_token_is_the_greedy_residual_code_sum():
+    """RVQ by hand: stage 0 takes the nearest code to z, stage 1 the nearest to what is left; the token is
+    i0 + k i1 and its table row decodes e0[i0] + e1[i1]. Also: K must be a power of the stage size."""
+    _, pts = _clusters()
+    tok = LearnedTokenizer.fit(pts, 64, kind="rvq", stages=3, seed=1, steps=30, batch=64)
+    assert tok.k == 4 and tok.embed.shape[:2] == (3, 4)
+    with torch.no_grad():
+        z = tok.enc(pts[:20])
+        want_zq, want_tok = torch.zeros_like(z), torch.zeros(20, dtype=torch.long)
+        r = z.clone()
+        for s in range(3):
+            i = ((r[:, None] - tok.embed[s][None]) ** 2).sum(-1).argmin(1)
+            want_zq, r, want_tok = want_zq + tok.embed[s][i], r - tok.embed[s][i], want_tok + i * 4 ** s
+        assert torch.equal(tok.encode(pts[:20]), want_tok)
+        torch.testing.assert_close(tok.decode(want_tok), tok.dec(want_zq), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="power"):
+        LearnedTokenizer(8, 60, kind="rvq", stages=2)
+    with pytest.raises(ValueError, match="rvq_stages"):
+        CalMConfig(tokenizer="rvq", codebook_size=60)
+    assert CalMConfig(tokenizer="rvq", codebook_size=512, rvq_stages=3).rvq_stages == 3
+
+
 def test_fsq_levels_and_fit_tokenizer_dispatch():
     assert fsq_levels(64) == (8, 8) and fsq_levels(16) == (8, 2) and np.prod(fsq_levels(240)) == 240
     with pytest.raises(ValueError, match="prime factor"):
         fsq_levels(22)
     with pytest.raises(ValueError, match="tokenizer"):
-        fit_tokenizer("rvq", torch.randn(100, 8), 8)
+        fit_tokenizer("pq", torch.randn(100, 8), 8)
     x = torch.linspace(-1, 1, 9).reshape(1, 9)
     expect = [[-0.75, -0.75, -0.25, -0.25, 0.25, 0.25, 0.75, 0.75, 0.75]]  # bins of width 0.5, top edge closed
     np.testing.assert_allclose(scalar_quantize(x, 4, -1.0, 1.0).numpy(), expect, atol=1e-6)
@@ -258,7 +300,7 @@ def test_metrics_match_reference():
 
 # ---------------------------------------------------------------------------------------------------- config
 @pytest.mark.parametrize("kw,field", [({"patch_len": 0}, "patch_len"), ({"codebook_size": 1}, "codebook_size"),
-                                      ({"d_model": 30, "n_heads": 4}, "d_model"), ({"tokenizer": "rvq"}, "tokenizer"),
+                                      ({"d_model": 30, "n_heads": 4}, "d_model"), ({"tokenizer": "pq"}, "tokenizer"),
                                       ({"neural_axis": "causal"}, "neural_axis"), ({"n_blocks": 2.0}, "n_blocks")])
 def test_config_rejects_bad_values(kw, field):
     with pytest.raises(ValueError, match=field):

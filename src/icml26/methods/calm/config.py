@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TOKENIZERS = ("vqvae", "fsq", "kmeans", "continuous")
+TOKENIZERS = ("vqvae", "fsq", "rvq", "kmeans", "continuous")
 NEURAL_AXES = ("bidirectional", "raster", "none")
 
 
@@ -26,8 +26,11 @@ class CalMConfig:
     tokenizer: str = field(default="vqvae", metadata={
         "help": "abstract: single-neuron traces mapped into a shared discrete vocabulary. 'vqvae' (RECON, notes 5.2: "
                 "MLP encoder/decoder, EMA codebook, commitment 0.25), 'fsq' (finite scalar quantisation, K = prod "
-                "of levels), 'kmeans' (v1/v2: k-means codebook over z-scored patches) or 'continuous' (ablation: "
-                "linear patch embedding, MSE next-patch objective)"})
+                "of levels), 'rvq' (RECON, notes 5.2: residual VQ, ``rvq_stages`` EMA codebooks of K^(1/stages) codes, the "
+                "token indexes their combination), 'kmeans' (v1/v2: k-means codebook over z-scored patches) or "
+                "'continuous' (ablation: linear patch embedding, MSE next-patch objective)"})
+    rvq_stages: int = field(default=2, metadata={
+        "help": "residual stages of tokenizer='rvq' (ours; SoundStream-style); codebook_size must be k**rvq_stages"})
     d_model: int = field(default=32, metadata={"help": "d, width (RECON: notes 5.5 use 64; 32 at laptop scale)"})
     n_blocks: int = field(default=2, metadata={
         "help": "number of dual-axis blocks, each = temporal causal attention + neural-axis attention + MLP "
@@ -40,7 +43,7 @@ class CalMConfig:
     max_patches: int = field(default=16, metadata={"help": "length of the learned temporal position table (ours)"})
 
     def __post_init__(self) -> None:
-        for name in ("patch_len", "codebook_size", "d_model", "n_blocks", "n_heads", "max_patches"):
+        for name in ("patch_len", "codebook_size", "d_model", "n_blocks", "n_heads", "max_patches", "rvq_stages"):
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -50,5 +53,10 @@ class CalMConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if self.tokenizer == "rvq":
+            k = round(self.codebook_size ** (1 / self.rvq_stages))
+            if k < 2 or k ** self.rvq_stages != self.codebook_size:
+                raise ValueError(f"tokenizer='rvq' needs codebook_size = k**rvq_stages with k >= 2; got codebook_size="
+                                 f"{self.codebook_size}, rvq_stages={self.rvq_stages}")
         if self.neural_axis not in NEURAL_AXES:
             raise ValueError(f"neural_axis must be one of {NEURAL_AXES}, got {self.neural_axis!r}")

@@ -87,7 +87,7 @@ def _model_config(config: Mapping[str, Any]) -> CalMConfig:
     return CalMConfig(patch_len=config["patch_len"], codebook_size=config["codebook_size"],
                       tokenizer=config["tokenizer"], d_model=config["d_model"], n_blocks=config["n_blocks"],
                       n_heads=config["n_heads"], max_patches=config["max_patches"],
-                      neural_axis=config.get("neural_axis", "bidirectional"))
+                      neural_axis=config.get("neural_axis", "bidirectional"), rvq_stages=config.get("rvq_stages", 2))
 
 
 def _batch(traces: list[torch.Tensor], config: Mapping[str, Any], gen: torch.Generator) -> torch.Tensor:
@@ -184,7 +184,7 @@ def _tokenizer(pre: list[Session], config: Mapping[str, Any], seed: int):
     if config["tokenizer"] == "continuous":
         return None
     return fit_tokenizer(config["tokenizer"], patches, config["codebook_size"], seed=seed,
-                         steps=config["tokenizer_steps"])
+                         steps=config["tokenizer_steps"], stages=config.get("rvq_stages", 2))
 
 
 def _unigram_entropy(tok, pre: list[Session], config: Mapping[str, Any]) -> float:

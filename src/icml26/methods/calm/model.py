@@ -94,22 +94,35 @@ class LearnedTokenizer(nn.Module):
         gradients; codes used under 10% of a uniform share are restarted from encoder outputs every 50 steps.
     kind="fsq": finite scalar quantisation (Mentzer et al. 2023): d = len(levels) bounded latents, each rounded
         to its level grid, straight-through; K = prod(levels); no codebook loss.
+    kind="rvq": residual VQ (SoundStream, Zeghidour et al. 2021): ``stages`` S EMA codebooks of k = K^(1/S) codes;
+        stage s quantises what stages < s left, z_q = sum_s e_s[i_s]; the token is the index sum_s i_s k^s, so the
+        vocabulary is all K = k^S combinations and ``codebook`` (K, P) decodes each of them. Commitment on z - z_q.
     """
 
     def __init__(self, patch_len: int, codebook_size: int, *, kind: str = "vqvae", code_dim: int = 8,
-                 hidden: int = 64, beta: float = 0.25, decay: float = 0.99):
+                 hidden: int = 64, beta: float = 0.25, decay: float = 0.99, stages: int = 2):
         super().__init__()
-        if kind not in ("vqvae", "fsq"):
-            raise ValueError(f"kind must be 'vqvae' or 'fsq', got {kind!r}")
+        if kind not in ("vqvae", "fsq", "rvq"):
+            raise ValueError(f"kind must be 'vqvae', 'fsq' or 'rvq', got {kind!r}")
         self.kind, self.beta, self.decay, self.K = kind, beta, decay, codebook_size
+        self.stages, self.k = 1, codebook_size
+        if kind == "rvq":
+            if not (isinstance(stages, int) and not isinstance(stages, bool) and stages >= 1):
+                raise ValueError(f"stages must be a positive integer, got {stages!r}")
+            k = round(codebook_size ** (1 / stages))
+            if k < 2 or k ** stages != codebook_size:
+                raise ValueError(f"rvq needs codebook_size = k**stages with k >= 2; {codebook_size} is not a "
+                                 f"{stages}-th power of an integer >= 2")
+            self.stages, self.k = stages, k
         if kind == "fsq":
             self.levels = fsq_levels(codebook_size)
             code_dim = len(self.levels)
             basis = torch.cumprod(torch.tensor((1,) + self.levels[:-1]), 0)
             self.register_buffer("basis", basis)
         self.enc, self.dec = _mlp(patch_len, hidden, code_dim), _mlp(code_dim, hidden, patch_len)
-        self.register_buffer("embed", torch.randn(codebook_size, code_dim))
-        self.register_buffer("ema_count", torch.ones(codebook_size))
+        # (S, k, d) stage codebooks; VQ-VAE and FSQ use one stage of K (FSQ ignores it)
+        self.register_buffer("embed", torch.randn(self.stages, self.k, code_dim))
+        self.register_buffer("ema_count", torch.ones(self.stages, self.k))
         self.register_buffer("ema_sum", self.embed.clone())
         self.register_buffer("codebook", torch.zeros(codebook_size, patch_len))
 
@@ -129,14 +142,27 @@ class LearnedTokenizer(nn.Module):
         digits = torch.stack([(idx // b) % lv for b, lv in zip(self.basis.tolist(), self.levels)], -1).float()
         return digits / (torch.tensor(self.levels, device=idx.device).float() - 1) * 2 - 1
 
-    def _nearest(self, z: torch.Tensor) -> torch.Tensor:
-        return torch.cdist(z, self.embed).argmin(1)
+    def _quantize(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Greedy residual nearest-code search over the stages: z (M, d) -> (z_q (M, d), token (M,), the residual
+        each stage saw). One stage is plain VQ."""
+        zq, r, idx, seen = torch.zeros_like(z), z, torch.zeros(len(z), dtype=torch.long, device=z.device), []
+        for s in range(self.stages):
+            i = torch.cdist(r, self.embed[s]).argmin(1)
+            seen.append((r, i))
+            e = self.embed[s][i]
+            zq, r, idx = zq + e, r - e, idx + i * self.k ** s
+        return zq, idx, seen
+
+    def _table_latents(self) -> torch.Tensor:
+        """(K, d) quantised latent of every token index: sum over stages of the code its base-k digit names."""
+        idx = torch.arange(self.K, device=self.embed.device)
+        return sum(self.embed[s][(idx // self.k ** s) % self.k] for s in range(self.stages))
 
     def encode(self, patches: torch.Tensor) -> torch.Tensor:
         """(..., P) -> (...) code indices (no gradient)."""
         with torch.no_grad():
             z = self.enc(patches.reshape(-1, patches.shape[-1]).float())
-            idx = self._fsq(z)[1] if self.kind == "fsq" else self._nearest(z)
+            idx = self._fsq(z)[1] if self.kind == "fsq" else self._quantize(z)[1]
         return idx.reshape(patches.shape[:-1])
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
@@ -147,16 +173,16 @@ class LearnedTokenizer(nn.Module):
         z = self.enc(x)
         if self.kind == "fsq":
             return nn.functional.mse_loss(self.dec(self._fsq(z)[0]), x)
-        idx = self._nearest(z.detach())
-        e = self.embed[idx]
+        e, _, seen = self._quantize(z.detach())
         if self.training:
             with torch.no_grad():
-                onehot = nn.functional.one_hot(idx, self.K).type_as(z)
-                self.ema_count.mul_(self.decay).add_(onehot.sum(0), alpha=1 - self.decay)
-                self.ema_sum.mul_(self.decay).add_(onehot.T @ z.detach(), alpha=1 - self.decay)
-                n = self.ema_count.sum()
-                count = (self.ema_count + 1e-5) / (n + self.K * 1e-5) * n  # Laplace smoothing
-                self.embed.copy_(self.ema_sum / count.unsqueeze(1))
+                for s, (r, i) in enumerate(seen):  # each stage's EMA tracks the residuals assigned to its codes
+                    onehot = nn.functional.one_hot(i, self.k).type_as(z)
+                    self.ema_count[s].mul_(self.decay).add_(onehot.sum(0), alpha=1 - self.decay)
+                    self.ema_sum[s].mul_(self.decay).add_(onehot.T @ r, alpha=1 - self.decay)
+                    n = self.ema_count[s].sum()
+                    count = (self.ema_count[s] + 1e-5) / (n + self.k * 1e-5) * n  # Laplace smoothing
+                    self.embed[s].copy_(self.ema_sum[s] / count.unsqueeze(1))
         zq = z + (e - z).detach()
         return nn.functional.mse_loss(self.dec(zq), x) + self.beta * nn.functional.mse_loss(z, e)
 
@@ -171,12 +197,14 @@ class LearnedTokenizer(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             tok = cls(pts.shape[-1], codebook_size, kind=kind, **kw).to(pts.device)
-        if kind == "vqvae":  # k-means init of the codebook on encoder outputs (as SoundStream does): no dead codes
+        if kind != "fsq":  # k-means init of each stage on encoder outputs' residuals (as SoundStream): no dead codes
             with torch.no_grad():
-                z = tok.enc(pts[torch.randperm(len(pts), generator=gen)[:8 * 1024].to(pts.device)])
-                init = PatchTokenizer.fit(z, codebook_size, seed=seed, iters=10).codebook
-                tok.embed.copy_(init)
-                tok.ema_sum.copy_(init)
+                r = tok.enc(pts[torch.randperm(len(pts), generator=gen)[:8 * 1024].to(pts.device)])
+                for s in range(tok.stages):
+                    init = PatchTokenizer.fit(r, tok.k, seed=seed + s, iters=10).codebook
+                    tok.embed[s].copy_(init)
+                    tok.ema_sum[s].copy_(init)
+                    r = r - init[torch.cdist(r, init).argmin(1)]
         opt = torch.optim.Adam([p for p in tok.parameters()], lr=lr)
         for step in range(steps):
             x = pts[torch.randint(len(pts), (batch,), generator=gen).to(pts.device)]
@@ -184,26 +212,32 @@ class LearnedTokenizer(nn.Module):
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if kind == "vqvae" and (step + 1) % 50 == 0 and step + 1 < steps:
+            if kind != "fsq" and (step + 1) % 50 == 0 and step + 1 < steps:
                 with torch.no_grad():  # restart codes the EMA says are rarely used (< 10% of a uniform share)
-                    dead = tok.ema_count < 0.1 * batch / codebook_size
-                    if dead.any():
-                        z = tok.enc(pts[torch.randint(len(pts), (int(dead.sum()),), generator=gen).to(pts.device)])
-                        tok.embed[dead], tok.ema_sum[dead], tok.ema_count[dead] = z, z, 1.0
+                    for s in range(tok.stages):
+                        dead = tok.ema_count[s] < 0.1 * batch / tok.k
+                        if dead.any():  # from residuals that stage s sees
+                            z = tok.enc(pts[torch.randint(len(pts), (int(dead.sum()),), generator=gen)
+                                            .to(pts.device)])
+                            r = tok._quantize(z)[2][s][0]
+                            tok.embed[s][dead], tok.ema_sum[s][dead], tok.ema_count[s][dead] = r, r, 1.0
         tok.eval().requires_grad_(False)
         with torch.no_grad():
-            tok.codebook.copy_(tok.dec(tok._fsq_grid() if kind == "fsq" else tok.embed))
+            tok.codebook.copy_(tok.dec(tok._fsq_grid() if kind == "fsq" else tok._table_latents()))
         return tok
 
 
 def fit_tokenizer(kind: str, patches: torch.Tensor, codebook_size: int, *, seed: int = 0,
-                  steps: int = 1500) -> PatchTokenizer | LearnedTokenizer:
-    """The tokenizer ``CalMConfig.tokenizer`` names ("kmeans", "vqvae", "fsq"), fit on patches (M, P)."""
+                  steps: int = 1500, stages: int = 2) -> PatchTokenizer | LearnedTokenizer:
+    """The tokenizer ``CalMConfig.tokenizer`` names ("kmeans", "vqvae", "fsq", "rvq" with ``stages`` stages of
+    codebook_size ** (1 / stages) codes), fit on patches (M, P)."""
     if kind == "kmeans":
         return PatchTokenizer.fit(patches, codebook_size, seed=seed)
     if kind in ("vqvae", "fsq"):
         return LearnedTokenizer.fit(patches, codebook_size, kind=kind, seed=seed, steps=steps)
-    raise ValueError(f"no discrete tokenizer named {kind!r}; expected 'kmeans', 'vqvae' or 'fsq'")
+    if kind == "rvq":
+        return LearnedTokenizer.fit(patches, codebook_size, kind=kind, seed=seed, steps=steps, stages=stages)
+    raise ValueError(f"no discrete tokenizer named {kind!r}; expected 'kmeans', 'vqvae', 'fsq' or 'rvq'")
 
 
 def scalar_quantize(patches: torch.Tensor, levels: int, lo: float, hi: float) -> torch.Tensor:
