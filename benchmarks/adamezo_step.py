@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import statistics
 import sys
 import time
 
 ARMS = ("mezo", "adamezo", "adam")
+
+BENCH = {"room": "adamezo", "args": ["--models", "smollm2", "--modes", "lora", "full", "--rounds", "3"],
+         "threads_arg": "--threads",
+         "ratios": {"AdaMeZO / MeZO step, SmolLM2 LoRA-ZO":
+                        "runs[mode=lora].rows[arm=adamezo].ratio_to_mezo_of_medians",
+                    "AdaMeZO / MeZO step, SmolLM2 full": "runs[mode=full].rows[arm=adamezo].ratio_to_mezo_of_medians"}}
 
 
 def build(model_name: str, mode: str):
@@ -70,32 +74,13 @@ def make_step(arm: str, params, loss_fn, window: int):
     return opt, (lambda: opt.step(loss_fn)), (window + 1 if arm == "adamezo" else 1)
 
 
-def machine(threads: int) -> dict:
-    """What a number in a card must name: CPU, cores, threads, torch and its BLAS, commit, load."""
-    import torch
-
-    from icml26.harness.runner import _git
-
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    # torch.__config__.show() lists the build as "KEY=value, KEY=value, ..." (BLAS_INFO=mkl, LAPACK_INFO=mkl, ...)
-    config = torch.__config__.show()
-    blas = config.split("BLAS_INFO=", 1)[1].split(",", 1)[0].strip() if "BLAS_INFO=" in config else "unknown"
-    return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
-            "blas": blas, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "platform": platform.platform(),
-            "git_sha": _git("rev-parse", "HEAD") or "unknown", "git_dirty": bool(_git("status", "--porcelain")),
-            "loadavg_start": os.getloadavg()}
-
-
 def measure(model_name: str, mode: str, arms: list[str], threads: int, rounds: int, window: int) -> dict:
     import torch
 
+    from icml26.harness.bench import finish_machine_info, machine_info
+
     torch.set_num_threads(threads)
-    info = machine(threads)
+    info = machine_info(threads)
     model, loss_fn, params = build(model_name, mode)
     steps = {}
     for arm in arms:
@@ -114,7 +99,7 @@ def measure(model_name: str, mode: str, arms: list[str], threads: int, rounds: i
                      "ratio_to_mezo_of_medians": statistics.median(wall[arm]) / statistics.median(wall["mezo"]),
                      "ratio_to_mezo_median_per_round": statistics.median(
                          a / b for a, b in zip(wall[arm], wall["mezo"]))})
-    info["loadavg_end"] = os.getloadavg()
+    finish_machine_info(info)
     return {"model": model_name, "mode": mode, "threads": threads, "rounds": rounds, "window": window,
             "n_trainable": sum(p.numel() for p in params), "machine": info, "rows": rows}
 
@@ -153,8 +138,9 @@ def main() -> None:
     if any(t < 1 for t in args.threads):
         raise ValueError(f"--threads must be positive, got {args.threads}")
 
-    from icml26.core.io import atomic_write_json
+    from icml26.harness.bench import machine_info, write_bench_json
 
+    machine = machine_info(max(args.threads))
     runs = []
     for model_name in args.models:
         for mode in (args.modes if model_name == "smollm2" else ["full"]):
@@ -179,7 +165,8 @@ def main() -> None:
                                                "--window", str(args.window)))
                     print(f"{model_name:8s} {mode:5s} {arm:8s} peak RSS {memory[-1]['peak_rss_bytes'] / 2**20:.0f} "
                           f"MiB, state {memory[-1]['optimizer_state_bytes']} B", flush=True)
-    atomic_write_json(args.out, {"benchmark": "adamezo_step", "command": sys.argv, "runs": runs, "memory": memory})
+    write_bench_json(args.out, {"benchmark": "adamezo_step", "command": sys.argv, "runs": runs, "memory": memory},
+                     machine)
     print(f"wrote {args.out}")
 
 

@@ -15,6 +15,11 @@ import statistics
 import time
 
 
+BENCH = {"room": "lockin", "args": ["--repeats", "5"], "threads_arg": "--threads",
+         "ratios": {"probe (Hessian) / plain Adam step": "observe_hessian_over_plain_step",
+                    "projected step / plain Adam step": "project_step_over_plain_step"}}
+
+
 def median_time(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -33,6 +38,7 @@ def main() -> None:
     parser.add_argument("--fisher-examples", type=int, default=64)
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--out", default="results/benchmarks/lockin_overhead.json")
     args = parser.parse_args()
 
@@ -42,7 +48,7 @@ def main() -> None:
     from icml26.methods.lockin import LockInConfig, LockInProbe, StabilisedFineTuner
     from icml26.models.tiny_lm import TinyLM, TinyLMConfig
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     def lm_loss(model, batch):

@@ -22,6 +22,9 @@ import sys
 import time
 
 ARMS = ("plain", "salaad")
+
+BENCH = {"room": "salaad", "args": ["--models", "tiny", "--steps", "10"],
+         "ratios": {"SALAAD / plain mean step, tiny LM": "rows[arm=salaad].mean_step_ratio_to_plain"}}
 MODELS = {
     # name: (d_model, n_layers, n_heads, seq_len, batch)
     "tiny": (128, 4, 4, 256, 8),

@@ -29,6 +29,10 @@ import time
 ARMS = ("lora", "scalora", "scalora_sgd_proxy", "relora")
 TARGET_RATIO = 1.3
 
+BENCH = {"room": "scalora", "args": ["--models", "tiny", "--steps", "10"], "threads_arg": "--threads",
+         "ratios": {"ScaLoRA / LoRA step CPU, tiny LM": "rows[arm=scalora].step_cpu_ratio_to_lora",
+                    "ScaLoRA / LoRA step wall, tiny LM": "rows[arm=scalora].step_time_ratio_to_lora"}}
+
 
 def _build(model_name: str, arm: str, rank: int):
     """One model with the arm's adapters and optimizer; returns (step function, optimizer, inner, n_adapters)."""

@@ -1,4 +1,4 @@
-"""Command line: ``icml26 list | show ROOM | reproduce [ROOM ...] | report DIR``.
+"""Command line: ``icml26 list | show ROOM | reproduce [ROOM ...] | report DIR | bench [ROOM ...]``.
 
 ``list`` and ``show`` import no room and no optional dependency.
 """
@@ -115,6 +115,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .harness.bench import run_benchmarks
+
+    try:
+        page, records = run_benchmarks(args.rooms or None, args.threads, Path(args.out), budget_s=args.budget)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {page}")
+    return 0 if all(r["status"] == "ok" for r in records) else 1
+
+
 def _cmd_feddtl(args: argparse.Namespace) -> int:
     from .methods.feddtl.deploy import main as deploy_main
 
@@ -151,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write DIR/report.html and DIR/report.md from the result files in DIR")
     p.add_argument("dir", metavar="DIR")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("bench", help="run every benchmark script with a BENCH entry (of the given rooms) at each "
+                       "thread count and write OUT/BENCH.md, one table of ratios")
+    p.add_argument("rooms", nargs="*", metavar="ROOM", help="room names (default: every script with a BENCH entry)")
+    p.add_argument("--threads", nargs="+", type=_positive_int, default=[1, 2], help="thread counts (default 1 2)")
+    p.add_argument("--out", default="results/benchmarks", help="directory for the JSONs and BENCH.md")
+    p.add_argument("--budget", type=float, default=900.0, help="seconds for the whole sweep (default 900)")
+    p.set_defaults(func=_cmd_bench)
 
     # prefix_chars "\0": the options after `feddtl` are not icml26's; they go whole to the deployment's own parser
     p = sub.add_parser("feddtl", add_help=False, prefix_chars="\0", help="run FedDTL on a loopback Flower "

@@ -1,0 +1,326 @@
+"""Benchmarks that travel: the machine a number was measured on, and one runner for every benchmark script.
+
+A speed ratio means little without the machine it came from, so every benchmark JSON carries
+:func:`machine_info` (CPU model, cores, threads, torch and its BLAS, the commit, the load before and after), written
+with :func:`write_bench_json`.
+
+``icml26 bench [ROOM ...] [--threads 1 2] [--out DIR]`` runs every script in ``benchmarks/`` that declares a
+module-level ``BENCH`` entry, once per thread count, each in its own process, and writes ``DIR/BENCH.md`` (one
+table of ratios, the table cards quote) and ``DIR/bench.json`` (the same numbers with each run's machine). A
+script's entry:
+
+    BENCH = {
+        "room": "kromhc",                      # the room whose card quotes it
+        "args": ["--sizes", "full", "--rounds", "5"],   # quick arguments: the whole sweep fits in 15 minutes
+        "ratios": {"KromHC / residual, d = 128": "sizes[size=full].rows[arm=kromhc].ratio_to_residual_median"},
+        "threads_arg": "--threads",            # optional: how the script takes its thread count
+        "out_arg": "--out",                    # optional (default "--out"): where it writes its JSON
+    }
+
+The runner adds ``OUT_ARG DIR/<script>_t<threads>.json`` and, when ``threads_arg`` is given, ``THREADS_ARG t``;
+it always sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (and ``ICML26_BENCH_THREADS``) to ``t`` in the child's
+environment, so scripts without a thread option (and their subprocesses) run at ``t`` threads too. A ratio
+path is dot-separated: a key (``rows``), an index (``rows[0]``) or the element of a list whose field equals a
+value (``rows[arm=kromhc]``; the value is compared as text).
+
+The entry is read from the script's source with :mod:`ast` (a literal), so listing benchmarks imports nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..core.io import atomic_write_json, atomic_write_text, read_json
+
+BENCH_BUDGET_S = 900.0
+"""``icml26 bench`` over all scripts and both thread counts must fit in this (the issue's 15 minutes)."""
+
+_REQUIRED = {"room": str, "args": list, "ratios": dict}
+_OPTIONAL = {"threads_arg": str, "out_arg": str}
+
+
+def _git(*args: str) -> str | None:
+    from .runner import _git as git
+
+    return git(*args)
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo ('model name'); platform.processor() says only 'x86_64'."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith(("model name", "Model", "Hardware")) and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def blas_info() -> str:
+    """The BLAS torch was built with, from ``torch.__config__.show()`` (``BLAS_INFO=mkl, ...``)."""
+    import torch
+
+    config = torch.__config__.show()
+    match = re.search(r"BLAS_INFO=([^,\s]+)", config)
+    return match.group(1) if match else "unknown"
+
+
+def _loadavg() -> list[float] | None:
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def machine_info(threads: int | None = None) -> dict[str, Any]:
+    """What a benchmark number must name: CPU model, cores, torch threads, torch, BLAS, CPU capability, commit.
+
+    ``threads`` is the torch thread count the benchmark runs at (default: ``torch.get_num_threads()``).
+    ``loadavg_start`` is read now; call :func:`finish_machine_info` (or :func:`write_bench_json`, which does) when
+    the measurement ends to add ``loadavg_end``. On a shared machine the load says how contended the run was.
+    """
+    import torch
+
+    status = _git("status", "--porcelain")
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": int(threads) if threads is not None else torch.get_num_threads(),
+        "torch": torch.__version__,
+        "blas": blas_info(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "git_sha": _git("rev-parse", "HEAD") or "unknown",
+        "git_dirty": bool(status) if status is not None else None,
+        "loadavg_start": _loadavg(),
+    }
+
+
+def finish_machine_info(info: dict[str, Any]) -> dict[str, Any]:
+    """Add ``loadavg_end`` (if absent) to a :func:`machine_info` dict and return it."""
+    info.setdefault("loadavg_end", _loadavg())
+    return info
+
+
+def write_bench_json(path: str | os.PathLike, result: dict[str, Any], machine: dict[str, Any] | None = None,
+                     *, threads: int | None = None) -> Path:
+    """Write a benchmark's JSON atomically with a ``machine`` field (and the command line under ``command``).
+
+    ``machine`` is the dict :func:`machine_info` gave at the start of the measurement (its end load is added
+    now); without it one is taken now. The result's own fields are kept as they are.
+    """
+    if not isinstance(result, dict):
+        raise TypeError(f"result must be a dict, got {type(result).__name__}")
+    machine = finish_machine_info(dict(machine) if machine is not None else machine_info(threads))
+    payload = {**result, "machine": machine}
+    payload.setdefault("command", sys.argv)
+    return atomic_write_json(path, payload)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The runner
+
+
+def default_bench_dir() -> Path:
+    """``benchmarks/`` of the source checkout (next to ``src/``)."""
+    return Path(__file__).resolve().parents[3] / "benchmarks"
+
+
+def read_entry(script: str | os.PathLike) -> dict[str, Any] | None:
+    """The script's module-level ``BENCH`` literal, checked; None when the script declares none."""
+    script = Path(script)
+    tree = ast.parse(script.read_text(), filename=str(script))
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) and node.value is not None else []
+        if any(isinstance(t, ast.Name) and t.id == "BENCH" for t in targets):
+            try:
+                entry = ast.literal_eval(node.value)
+            except ValueError as err:
+                raise ValueError(f"{script.name}: BENCH must be a literal dict ({err})") from None
+            return _check_entry(entry, script.name)
+    return None
+
+
+def _check_entry(entry: Any, name: str) -> dict[str, Any]:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{name}: BENCH must be a dict, got {type(entry).__name__}")
+    unknown = set(entry) - set(_REQUIRED) - set(_OPTIONAL)
+    if unknown:
+        raise ValueError(f"{name}: BENCH has unknown keys {sorted(unknown)}")
+    for key, kind in {**_REQUIRED, **_OPTIONAL}.items():
+        if key in _REQUIRED and key not in entry:
+            raise ValueError(f"{name}: BENCH needs {key!r}")
+        if key in entry and not isinstance(entry[key], kind):
+            raise ValueError(f"{name}: BENCH[{key!r}] must be a {kind.__name__}, got {type(entry[key]).__name__}")
+    if not all(isinstance(a, str) for a in entry["args"]):
+        raise ValueError(f"{name}: BENCH['args'] must be a list of strings")
+    if not entry["ratios"] or not all(isinstance(k, str) and isinstance(v, str) for k, v in entry["ratios"].items()):
+        raise ValueError(f"{name}: BENCH['ratios'] must map labels to JSON paths (strings), at least one")
+    return {"out_arg": "--out", **entry}
+
+
+def discover(bench_dir: str | os.PathLike | None = None, rooms: list[str] | None = None) -> list[tuple[Path, dict]]:
+    """(script, entry) for every ``*.py`` in ``bench_dir`` with a BENCH entry, optionally only these rooms."""
+    bench_dir = Path(bench_dir) if bench_dir is not None else default_bench_dir()
+    if not bench_dir.is_dir():
+        raise FileNotFoundError(f"no benchmarks directory at {bench_dir}")
+    found = []
+    for script in sorted(bench_dir.glob("*.py")):
+        entry = read_entry(script)
+        if entry is not None and (not rooms or entry["room"] in rooms):
+            found.append((script, entry))
+    return found
+
+
+_SEGMENT = re.compile(r"^([^\[\]]*)((?:\[[^\[\]]+\])*)$")
+
+
+def json_path(obj: Any, path: str) -> Any:
+    """Follow ``path`` (``a.b[2].c[arm=kromhc].d``) into a loaded JSON object; KeyError naming the failing step."""
+    current = obj
+    for part in path.split("."):
+        match = _SEGMENT.match(part)
+        if match is None:
+            raise KeyError(f"{path}: cannot parse {part!r}")
+        key, selectors = match.groups()
+        if key:
+            if not isinstance(current, dict) or key not in current:
+                raise KeyError(f"{path}: no key {key!r}")
+            current = current[key]
+        for selector in re.findall(r"\[([^\[\]]+)\]", selectors):
+            if not isinstance(current, list):
+                raise KeyError(f"{path}: [{selector}] applied to a {type(current).__name__}, not a list")
+            if "=" in selector:
+                field, value = selector.split("=", 1)
+                hits = [item for item in current if isinstance(item, dict) and str(item.get(field)) == value]
+                if not hits:
+                    raise KeyError(f"{path}: no element with {field} = {value}")
+                current = hits[0]
+            else:
+                index = int(selector)
+                if not -len(current) <= index < len(current):
+                    raise KeyError(f"{path}: index {index} out of range ({len(current)} elements)")
+                current = current[index]
+    return current
+
+
+def run_script(script: Path, entry: dict[str, Any], threads: int, out_dir: Path, timeout_s: float,
+               python: str = sys.executable) -> dict[str, Any]:
+    """Run one script at ``threads`` threads; return its record (ratios read from its JSON, or the error)."""
+    out_json = out_dir / f"{script.stem}_t{threads}.json"
+    cmd = [python, str(script), *entry["args"], entry["out_arg"], str(out_json)]
+    if "threads_arg" in entry:
+        cmd += [entry["threads_arg"], str(threads)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "ICML26_BENCH_THREADS": str(threads), "ICML26_PROGRESS": "0"}
+    record: dict[str, Any] = {"script": script.name, "room": entry["room"], "threads": threads,
+                              "json": str(out_json), "command": cmd[1:], "machine": machine_info(threads)}
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s,
+                              cwd=script.parent.parent)
+        status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+        tail = (proc.stdout + proc.stderr)[-2000:]
+    except subprocess.TimeoutExpired as err:
+        status, tail = f"timeout after {timeout_s:.0f} s", str(err.stdout or "")[-2000:]
+    record["wall_s"] = time.perf_counter() - start
+    finish_machine_info(record["machine"])
+    record["status"], record["output_tail"] = status, tail
+    ratios: dict[str, Any] = {}
+    if status == "ok":
+        try:
+            data = read_json(out_json)
+        except (OSError, ValueError) as err:
+            record["status"] = f"no readable JSON ({err})"
+        else:
+            for label, path in entry["ratios"].items():
+                try:
+                    value = json_path(data, path)
+                    ratios[label] = float(value) if isinstance(value, (int, float)) else value
+                except KeyError as err:
+                    ratios[label] = f"missing: {err.args[0]}"
+    record["ratios"] = ratios
+    return record
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}×"
+    return "—" if value is None else str(value)
+
+
+def bench_table(records: list[dict[str, Any]], threads: list[int]) -> str:
+    """The markdown page: one row per (script, ratio), one column per thread count, then the machines."""
+    rows: dict[tuple[str, str, str], dict[int, Any]] = {}
+    for rec in records:
+        labels = rec["ratios"] or {"(no ratios)": None}
+        for label, value in labels.items():
+            rows.setdefault((rec["room"], rec["script"], label), {})[rec["threads"]] = (
+                value if rec["status"] == "ok" else rec["status"])
+    first = records[0]["machine"] if records else machine_info()
+    lines = ["# Benchmark ratios (`icml26 bench`)", "",
+             f"Machine: {first['cpu_model']}, {first['cpu_count']} cores, torch {first['torch']} ({first['blas']}, "
+             f"{first['cpu_capability']}), commit `{first['git_sha'][:12]}`"
+             + (" (dirty tree)" if first.get("git_dirty") else "") + ". Each ratio is the script's own "
+             "(named in its JSON path); a JSON per script and thread count lies next to this page.", "",
+             "| room | script | ratio | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in threads) + " |"]
+    for (room, script, label), by_thread in rows.items():
+        lines.append(f"| {room} | `{script}` | {label} | "
+                     + " | ".join(_fmt(by_thread.get(t)) for t in threads) + " |")
+    lines += ["", "| script | threads | status | wall s | load average start → end |",
+              "| --- | --- | --- | --- | --- |"]
+    for rec in records:
+        m = rec["machine"]
+        load = (f"{m['loadavg_start'][0]:.1f} → {m['loadavg_end'][0]:.1f}"
+                if m.get("loadavg_start") and m.get("loadavg_end") else "—")
+        lines.append(f"| `{rec['script']}` | {rec['threads']} | {rec['status']} | {rec['wall_s']:.0f} | {load} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_benchmarks(rooms: list[str] | None = None, threads: list[int] | tuple[int, ...] = (1, 2),
+                   out_dir: str | os.PathLike = "results/benchmarks", bench_dir: str | os.PathLike | None = None,
+                   budget_s: float = BENCH_BUDGET_S, python: str = sys.executable,
+                   echo: bool = True) -> tuple[Path, list[dict[str, Any]]]:
+    """Run every BENCH script (of ``rooms``) at each thread count; write ``bench.json`` and ``BENCH.md``.
+
+    Each run gets an equal share of what is left of ``budget_s`` as its timeout, so the sweep ends within
+    the budget. Returns the markdown page's path and the records.
+    """
+    threads = list(threads)
+    if not threads or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in threads):
+        raise ValueError(f"threads must be positive ints, got {threads}")
+    if not budget_s > 0:
+        raise ValueError(f"budget_s must be positive, got {budget_s}")
+    scripts = discover(bench_dir, rooms)
+    if rooms:
+        missing = sorted(set(rooms) - {e["room"] for _, e in scripts})
+        if missing:
+            raise ValueError(f"no benchmark script declares a BENCH entry for room(s) {missing}")
+    if not scripts:
+        raise ValueError("no benchmark script declares a BENCH entry")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = [(script, entry, t) for script, entry in scripts for t in threads]
+    deadline = time.perf_counter() + budget_s
+    records = []
+    for i, (script, entry, t) in enumerate(runs):
+        timeout = max(1.0, (deadline - time.perf_counter()) / (len(runs) - i))
+        if echo:
+            print(f"[{i + 1}/{len(runs)}] {script.name} at {t} thread(s) (timeout {timeout:.0f} s) ...", flush=True)
+        rec = run_script(script, entry, t, out_dir, timeout, python)
+        records.append(rec)
+        if echo:
+            shown = ", ".join(f"{k} {_fmt(v)}" for k, v in rec["ratios"].items())
+            print(f"    {rec['status']}, {rec['wall_s']:.0f} s: {shown}", flush=True)
+    atomic_write_json(out_dir / "bench.json", {"threads": threads, "budget_s": budget_s, "runs": records})
+    page = atomic_write_text(out_dir / "BENCH.md", bench_table(records, threads))
+    return page, records
