@@ -12,7 +12,10 @@ import torch
 
 from icml26.methods.calm import SPECS
 from icml26.methods.calm.decoding import ContrastiveEncoder, DecodingHead, PatchGRU, PatchMLP
-from icml26.methods.calm.experiments import _dcfg, _decode_arm, _decode_data, _decode_setup, run_decode_seed
+from icml26.methods.calm.experiments import (_dcfg, _decode_arm, _decode_data, _decode_setup, _label_windows,
+                                             _probe_features, init_model, run_decode_seed)
+from icml26.methods.calm.model import PatchTokenizer
+from icml26.methods.calm.simulator import simulate_session
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SPEC = next(s for s in SPECS if s.id == "decode_low_label")
@@ -95,3 +98,43 @@ def test_probe_r2_recovers_a_linear_latent():
     feats = lat @ rng.standard_normal((3, 8)) + 5.0  # a linear, offset image of the latent
     assert _probe_r2(feats, lat, 100, 1e-6) > 0.999
     assert _probe_r2(rng.standard_normal((200, 8)), lat, 100, 1.0) < 0.1
+
+
+def test_random_label_subsets_are_nested_shared_and_seeded():
+    cfg = {**SPEC.tiers["smoke"], "label_order": "random"}
+    sess = simulate_session(0, 0, n_neurons=4, n_frames=512)
+    d = _decode_data(sess, cfg, 7)
+    assert sorted(d["order"].tolist()) == list(range(d["n_train"]))  # a permutation of the train patches
+    assert torch.equal(_decode_data(sess, cfg, 7)["order"], d["order"])  # same seed: same subsets for every arm
+    assert not torch.equal(_decode_data(sess, cfg, 8)["order"], d["order"])
+    assert torch.equal(_decode_data(sess, {**cfg, "label_order": "first"}, 7)["order"], torch.arange(d["n_train"]))
+    lab = d["order"][:5].sort().values  # nested: a 5-label subset is the head of every larger one
+    assert set(lab.tolist()) <= set(d["order"][:9].tolist())
+
+
+def test_label_windows_point_at_the_labelled_patches():
+    lab = torch.tensor([1, 3, 17, 40, 41, 63])  # 16 patches per window: windows 0, 1, 2, 3
+    wins, pos = _label_windows(lab, 16)
+    assert wins.tolist() == [0, 1, 2, 3]
+    flat = torch.arange(64).reshape(4, 16)[wins].flatten()  # what a head's flattened output over those windows holds
+    assert torch.equal(flat[pos], lab)
+    wins, pos = _label_windows(torch.tensor([5, 50]), 16)  # a window without labels (1) is skipped
+    assert wins.tolist() == [0, 3] and torch.equal(torch.arange(64).reshape(4, 16)[wins].flatten()[pos],
+                                                   torch.tensor([5, 50]))
+
+
+def test_probe_concat_features_keep_each_neuron_in_its_own_columns():
+    cfg = {**SPEC.tiers["smoke"], "codebook_size": 8}
+    sess = simulate_session(0, 0, n_neurons=3, n_frames=512)
+    d = _decode_data(sess, cfg)
+    tok = PatchTokenizer.fit(torch.randn(200, cfg["patch_len"], generator=torch.Generator().manual_seed(0)), 8)
+    model = init_model(tok, cfg, 0).eval()
+    cat = _probe_features("calm_probe", d, model, model, "concat")
+    mean = _probe_features("calm_probe", d, model, model, "mean")
+    D = cfg["d_model"]
+    with torch.no_grad():
+        h = model.features(model.inputs_from_traces(d["windows"]))  # (n_win, N, T_p, d)
+    assert cat.shape == (h.shape[0] * h.shape[2], 3 * D) and mean.shape == (cat.shape[0], D)
+    np.testing.assert_allclose(cat[:, D:2 * D], h[:, 1].reshape(-1, D).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(mean, cat.reshape(-1, 3, D).mean(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(_probe_features("raw_probe", d, model, model), d["x"].numpy())

@@ -448,6 +448,13 @@ def _adam(params, steps: int, lr: float, loss_fn) -> None:
         opt.step()
 
 
+def _label_windows(lab: torch.Tensor, patches_per_window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted labelled patch indices (L,) -> the backbone windows that hold one (W',) and each labelled patch's
+    position in those windows' flattened outputs (L,): only those windows enter a head's loss."""
+    wins = torch.unique(lab // patches_per_window)
+    return wins, torch.searchsorted(wins, lab // patches_per_window) * patches_per_window + lab % patches_per_window
+
+
 def _decode_arm(arm: str, value: float, d: dict, n_lab: int, backbone: CalM | None, config: Mapping[str, Any],
                 seed: int) -> float:
     """Test R^2 of one decoder trained with the first ``n_lab`` train patches of ``d["order"]`` labelled (inputs of
@@ -480,9 +487,7 @@ def _decode_arm(arm: str, value: float, d: dict, n_lab: int, backbone: CalM | No
         model = copy.deepcopy(backbone)
         inputs = model.inputs_from_traces(d["windows"])  # (n_win, N, T_p)
         head = DecodingHead(config["d_model"], config["n_heads"])
-        Tp = config["max_patches"]
-        wins = torch.unique(lab // Tp)  # only windows that hold a labelled patch enter the loss
-        pos = torch.searchsorted(wins, lab // Tp) * Tp + lab % Tp  # labelled patches inside those windows
+        wins, pos = _label_windows(lab, config["max_patches"])
         if arm == "calm_head":
             with torch.no_grad():
                 h = model.features(inputs[wins])
