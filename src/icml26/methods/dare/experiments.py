@@ -263,14 +263,14 @@ SPECS = [
         tiers={"smoke": _tier(20, 20, host="iql", env_id="Hopper-v5", level="random", transitions=600,
                               sparse=False, reward_bias=0.0, smoke_random_data=True, bc_steps=10, eval_every=10,
                               eval_episodes=1, tune_online_steps=10, batch_size=32, hidden=16),
-               "full": _tier(4000, 3000, host="iql", env_id="Hopper-v5", level="medium", transitions=100000,
-                             sparse=False, reward_bias=0.0, eval_every=500, eval_episodes=5,
-                             tune_online_steps=1500)},
+               "full": _tier(4000, 1500, host="iql", env_id="Hopper-v5", level="medium", transitions=100000,
+                             sparse=False, reward_bias=0.0, eval_every=250, eval_episodes=5,
+                             tune_online_steps=750)},
         seeds={"smoke": 1, "full": 3},
         checks=_checks("IQL"),
         null_value=0.0,
         notes="Hopper-v5 medium (100k transitions) recorded from our SAC (python -m icml26.rl.sac); IQL host, CORL "
-              "MuJoCo defaults (tau 0.7, beta 3), 2x64 MLPs, 4k offline and 3k online steps sized for about an "
-              "hour of one loaded CPU core (README, full-tier protocol); full tier only.",
+              "MuJoCo defaults (tau 0.7, beta 3), 2x64 MLPs, 4k offline and 1.5k online steps (amendment 1: sized "
+              "for the machine's load; README, full-tier protocol); full tier only.",
     ),
 ]
