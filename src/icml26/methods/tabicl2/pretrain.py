@@ -68,6 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stop-at", type=int, default=0, help="leave after this step as if killed (tests resume)")
     p.add_argument("--task", choices=("classification", "regression"), default="classification",
                    help="regression: max_classes=0, quantile head, pinball loss, continuous prior targets")
+    p.add_argument("--data-cache", default=None,
+                   help="directory of per-step prior batches (safetensors), shared by runs with the same data stream "
+                        "(seed, rows, features, batch, task): generated once, then read; the batches are identical "
+                        "either way")
     p.add_argument("--model", default="{}", help="JSON overrides of TabICLConfig, e.g. '{\"ssmax\": \"none\"}'")
     return p.parse_args(argv)
 
@@ -87,6 +91,26 @@ def batch_shape(seed: int, step: int, args) -> tuple[int, int, int]:
     feats = int(rng.integers(1, args.max_features + 1))
     n_train = int(np.clip(round(rows * rng.uniform(0.3, 0.9)), 8, rows - 4))
     return rows, feats, n_train
+
+
+def step_batch(args, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The prior batch of one step: X (batch, rows, features), y (batch, rows), n_train. Deterministic in
+    (seed, step, rank, shape args); with ``--data-cache`` it is read from (or written once to) a safetensors file
+    named by all of those, so ablation arms that share a data stream generate the prior once."""
+    rows, feats, n_train = batch_shape(args.seed, step, args)
+    seed = args.seed * 10 ** 9 + step * 1000 + rank
+
+    def build() -> dict:
+        X, y = sample_batch(seed, args.batch, rows, feats, n_train, task=args.task)
+        return {"X": torch.from_numpy(X), "y": torch.from_numpy(y)}
+
+    if not args.data_cache:
+        b = build()
+    else:
+        from icml26.core.io import cached_tensors
+        name = f"{args.task}_s{seed}_b{args.batch}_r{rows}_f{feats}_n{n_train}.safetensors"
+        b = cached_tensors(Path(args.data_cache) / name, build)
+    return b["X"], b["y"], n_train
 
 
 def masked_ce(logits: torch.Tensor, y_test: torch.Tensor, y_train: torch.Tensor) -> torch.Tensor:
@@ -242,10 +266,9 @@ def main(argv=None) -> dict:
     t_last = time.time()
     recent = []
     while frac() < 1.0:
-        rows, feats, n_train = batch_shape(args.seed, step, args)
-        X, y = sample_batch(args.seed * 10 ** 9 + step * 1000 + rank, args.batch, rows, feats, n_train,
-                            task=args.task)
-        X, y = torch.from_numpy(X).to(device), torch.from_numpy(y).to(device)
+        X, y, n_train = step_batch(args, step, rank)
+        rows, feats = X.shape[1], X.shape[2]
+        X, y = X.to(device), y.to(device)
         for g in opt.param_groups:
             g["lr"] = args.lr * lr_factor(frac(), args.warmup, 1e-7 / args.lr)
         pred = model(X, y[:, :n_train])
