@@ -61,6 +61,8 @@ def test_json_path_keys_indices_and_selectors():
                       {"size": "full", "rows": [{"arm": "a", "r": 2}]}]}
     assert bench.json_path(data, "sizes[size=full].rows[arm=a].r") == 2
     assert bench.json_path(data, "sizes[0].rows[-1].r") == 1.5
+    rows = {"rows": [{"part": "memory", "T": 8, "r": 0}, {"part": "timing", "T": 8, "r": 3}]}
+    assert bench.json_path(rows, "rows[part=timing,T=8].r") == 3 and bench.json_path(rows, "rows[T=8].r") == 0
     with pytest.raises(KeyError, match="no element with size = wide"):
         bench.json_path(data, "sizes[size=wide].rows")
     with pytest.raises(KeyError, match="no key 'nope'"):

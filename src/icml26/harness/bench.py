@@ -21,7 +21,8 @@ The runner adds ``OUT_ARG DIR/<script>_t<threads>.json`` and, when ``threads_arg
 it always sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (and ``ICML26_BENCH_THREADS``) to ``t`` in the child's
 environment, so scripts without a thread option (and their subprocesses) run at ``t`` threads too. A ratio
 path is dot-separated: a key (``rows``), an index (``rows[0]``) or the element of a list whose field equals a
-value (``rows[arm=kromhc]``; the value is compared as text).
+value (``rows[arm=kromhc]``, or ``rows[part=timing,T=1024]`` for several fields; values are compared as text, and
+the first matching element is taken).
 
 The entry is read from the script's source with :mod:`ast` (a literal), so listing benchmarks imports nothing.
 """
@@ -199,10 +200,13 @@ def json_path(obj: Any, path: str) -> Any:
             if not isinstance(current, list):
                 raise KeyError(f"{path}: [{selector}] applied to a {type(current).__name__}, not a list")
             if "=" in selector:
-                field, value = selector.split("=", 1)
-                hits = [item for item in current if isinstance(item, dict) and str(item.get(field)) == value]
+                conditions = [c.split("=", 1) for c in selector.split(",")]
+                if any(len(c) != 2 for c in conditions):
+                    raise KeyError(f"{path}: cannot parse [{selector}]")
+                hits = [item for item in current if isinstance(item, dict)
+                        and all(str(item.get(field)) == value for field, value in conditions)]
                 if not hits:
-                    raise KeyError(f"{path}: no element with {field} = {value}")
+                    raise KeyError(f"{path}: no element with {' and '.join(f'{f} = {v}' for f, v in conditions)}")
                 current = hits[0]
             else:
                 index = int(selector)
