@@ -34,16 +34,17 @@ def main() -> None:
     from icml26.methods.pgt import finetune as ft
     from icml26.methods.pgt.config import PGTConfig
     from icml26.methods.pgt.pgt import tune_latent, tune_latents
-    from icml26.methods.pgt.policy import GoalPolicy, rollout_with
+    from icml26.methods.pgt import world
+    from icml26.methods.pgt.policy import GoalPolicy
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    k, horizon = args.tasks, 30
+    k, horizon = args.tasks, 40
     pol = GoalPolicy()
     gen = torch.Generator().manual_seed(0)
-    z_ref = torch.randn(k, 8, generator=gen)
-    s, a = rollout_with(pol.mean, pol.log_std, z_ref[:, None], (k, 50), horizon, gen)
-    r = -s[:, :, 1:].norm(dim=-1).mean(-1)
+    z_ref = torch.randn(k, 16, generator=gen)
+    s, a, r = world.rollout(pol.mean, pol.log_std, z_ref[:, None], world.sample_scenes(k, gen), (k, 50), horizon,
+                            gen)
     epochs = max(1, args.steps // 20)  # 20 training pairs per epoch (the script's cap)
     cfg = PGTConfig(epochs=epochs)
 

@@ -13,7 +13,7 @@ from icml26.methods.pgt import reference as ref
 from icml26.methods.pgt import world
 from icml26.methods.pgt.config import PGTConfig
 from icml26.methods.pgt.pgt import dpo_loss, pgt, preference_pairs, split_pairs, tune_latent
-from icml26.methods.pgt.policy import GoalPolicy, pretrain
+from icml26.methods.pgt.policy import GoalPolicy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -47,7 +47,7 @@ def test_pairs_every_strictly_better_ordered_pair():
 def test_trajectory_logprob_matches_loop_values_and_gradients(t):
     torch.manual_seed(0)
     pol = GoalPolicy(z_dim=3, hidden=8)
-    s, a = torch.randn(2, t, 2), torch.randn(2, t, 2)
+    s, a = torch.randn(2, t, world.OBS_DIM), torch.randn(2, t, world.ACT_DIM)
     z = torch.randn(3, requires_grad=True)
     fast = pol.log_prob(s, a, z)
     slow = torch.stack([ref.trajectory_logprob(pol, s[i], a[i], z) for i in range(2)])
@@ -58,59 +58,74 @@ def test_trajectory_logprob_matches_loop_values_and_gradients(t):
         torch.testing.assert_close(x, y)
 
 
-def _toy():
-    torch.manual_seed(0)
-    pol = GoalPolicy(z_dim=4, hidden=16)
-    pretrain(pol, 30, horizon=10, batch=32, seed=0)
-    return pol
+class _Direct(torch.nn.Module):
+    """A hand-built goal policy whose action mean is its latent z (3,): the latent is the action."""
+
+    def __init__(self):
+        super().__init__()
+        self.log_std = torch.nn.Parameter(torch.full((3,), math.log(0.5)))
+
+    def mean(self, obs, z):
+        return z.expand(*obs.shape[:-1], 3)
+
+    def log_prob(self, obs, actions, z):
+        mu, std = self.mean(obs, z), self.log_std.exp()
+        return (-0.5 * ((actions - mu) / std).pow(2) - self.log_std - 0.5 * math.log(2 * math.pi)).sum((-1, -2))
+
+
+def _reach_scene(gen):
+    return world.index_scene(world.sample_scenes(1, gen, torch.tensor([0])), 0)
 
 
 def test_only_z_moves_and_heldout_loss_is_kept_best():
-    pol = _toy()
+    pol = _Direct()
     before = [p.detach().clone() for p in pol.parameters()]
     gen = torch.Generator().manual_seed(1)
-    z_ref = torch.zeros(4)
-    s, a = pol.rollout(z_ref, 12, 10, gen)
-    goal = torch.tensor([0.5, 0.0])
-    z, log = tune_latent(pol, z_ref, s, a, world.task_return(s, goal), PGTConfig(epochs=5), gen)
+    z_ref = torch.zeros(3)
+    s, a, r = world.rollout(pol.mean, pol.log_std, z_ref, _reach_scene(gen), (12,), 8, gen)
+    z, log = tune_latent(pol, z_ref, s, a, r, PGTConfig(epochs=5), gen)
     assert all(torch.equal(p, q) for p, q in zip(before, pol.parameters()))
     assert all(p.requires_grad for p in pol.parameters())  # unfrozen again for the caller
     assert not torch.equal(z, z_ref) and log["held_loss"][0] == pytest.approx(math.log(2))
     assert min(log["held_loss"]) <= log["held_loss"][0] and log["train_pairs"] <= 20 and log["eval_pairs"] <= 10
 
 
-def test_pgt_moves_the_policy_toward_the_goal():
-    """A foundation pretrained briefly: PGT from a wrong prompt shortens the mean distance to the goal."""
-    torch.manual_seed(0)
-    pol = GoalPolicy(z_dim=8, hidden=32)
-    pretrain(pol, 300, horizon=15, batch=64, seed=0)
+def test_pgt_raises_the_return_of_a_policy_that_reads_z():
+    """PGT from z_ref = 0 on a reach task moves the latent of a policy that reads it (``_Direct``) so that the
+    return rises: the preferred rollouts moved toward the object."""
+    pol = _Direct()
     gen = torch.Generator().manual_seed(3)
-    goal = torch.tensor([0.6, 0.3])
-    z_ref = pol.encode(world.demos(torch.tensor([[-0.2, 0.6]]), 15, 0.0, gen)[0])[0].detach()
+    scene = _reach_scene(gen)
 
     def collect(z):
-        s, a = pol.rollout(z, 30, 15, gen)
-        return s, a, world.task_return(s, goal)
+        return world.rollout(pol.mean, pol.log_std, z, scene, (30,), 8, gen)
 
-    z, logs = pgt(pol, z_ref, collect, PGTConfig(epochs=10, rounds=2), gen)
+    z_ref = torch.zeros(3)
+    z, logs = pgt(pol, z_ref, collect, PGTConfig(epochs=10, rounds=2, lr=0.01), gen)
     eg = torch.Generator().manual_seed(9)
-    before = float(world.task_return(pol.rollout(z_ref, 100, 15, eg)[0], goal).mean())
+    before = float(world.rollout(pol.mean, pol.log_std, z_ref, scene, (200,), 8, eg)[2].mean())
     eg = torch.Generator().manual_seed(9)
-    after = float(world.task_return(pol.rollout(z, 100, 15, eg)[0], goal).mean())
+    after = float(world.rollout(pol.mean, pol.log_std, z, scene, (200,), 8, eg)[2].mean())
     assert after > before + 0.02
 
 
 def test_gymnasium_view_of_the_world():
-    env = world.GoalReachEnv(goal=(0.5, 0.0), horizon=5)
-    check_env(env)
-    obs, _ = env.reset(seed=0)
-    obs2, r, term, trunc, _ = env.step([1.0, 0.0])
-    assert obs2[0] == pytest.approx(obs[0] + 0.1, abs=1e-6) and r < 0 and not term
+    import gymnasium as gym
+
+    env = gym.make("icml26/ProcWorld-v0", family="fetch", horizon=5)
+    check_env(env.unwrapped)
+    obs, info = env.reset(seed=0)
+    assert info["family"] == "fetch" and obs.shape == (world.OBS_DIM,)
+    obs2, r, term, trunc, _ = env.step([1.0, 0.0, -1.0])
+    assert obs2[0] == pytest.approx(obs[0] + 0.1, abs=1e-6) and r < 0 and not term and not trunc
+    with pytest.raises(ValueError, match="family"):
+        world.ProcWorldEnv(family="teleport")
 
 
+@pytest.mark.slow  # ~10 s on a quiet core, ~95 s at load average 19
 def test_null_arm_fails_comparator(monkeypatch):
     cfg = ex.SPECS[0].tiers["smoke"]
-    lrs = {"pgt": 1e-2, "full_ft": 1e-3, "lora": 3e-3, "bitfit": 3e-3}
+    lrs = {"pgt": 1e-2, "full_ft": 1e-3, "lora": 3e-3, "bitfit": 3e-3, "vera": 1e-2}
     res = ex.run_arms(cfg, 0, lrs, world.ID, arms=("pgt", "prompt", "full_ft"))
     _, stats, checks = ex._stats(res)
     assert checks["policy_frozen"] == 1.0 and all(math.isfinite(v) for v in stats.values() if v == v)

@@ -9,12 +9,13 @@ import torch
 
 
 def trajectory_logprob(policy, states: torch.Tensor, actions: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """sum_t log N(a_t; mu(s_t, z), diag(std^2)) for one trajectory: states (T, 2), actions (T, 2)."""
+    """sum_t log N(a_t; mu(o_t, z), diag(std^2)) for one trajectory: observations (T, obs_dim), actions
+    (T, act_dim)."""
     total = torch.zeros(())
     std = policy.log_std.exp()
     for t in range(states.shape[0]):
         mu = policy.net(torch.cat((states[t], z)))
-        for j in range(2):
+        for j in range(actions.shape[-1]):
             total = total - 0.5 * ((actions[t, j] - mu[j]) / std[j]) ** 2 - torch.log(std[j]) - 0.5 * math.log(2 * math.pi)
     return total
 
