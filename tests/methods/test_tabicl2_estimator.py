@@ -168,3 +168,27 @@ def test_shipped_checkpoint_works_offline_and_beats_chance():
     clf = TabICLClassifier(n_estimators=2).fit(X[idx[:75]], y[idx[:75]])
     acc = (clf.predict(X[idx[75:]]) == y[idx[75:]]).mean()
     assert acc > 0.6  # chance is 1/3
+
+
+def test_official_format_checkpoint_is_refused_clearly(tmp_path):
+    """A checkpoint written in the official package's format ({"config": the official TabICL constructor's keyword
+    arguments, "state_dict": official parameter names}) is recognised and refused with a message that says why,
+    before any model is built; unknown config fields are refused too. (Official weights cannot be downloaded
+    here; this checkpoint is written locally with random tensors.)"""
+    from icml26.methods.tabicl2.estimator import load_model
+    official_cfg = {"max_classes": 10, "num_quantiles": 999, "embed_dim": 16, "col_num_blocks": 1, "col_nhead": 2,
+                    "col_num_inds": 8, "col_affine": False, "col_feature_group": "same", "col_feature_group_size": 3,
+                    "col_target_aware": True, "col_ssmax": "qassmax-mlp-elementwise", "row_num_blocks": 1,
+                    "row_nhead": 2, "row_num_cls": 4, "row_rope_base": 100000, "row_rope_interleaved": False,
+                    "icl_num_blocks": 1, "icl_nhead": 2, "icl_ssmax": "qassmax-mlp-elementwise", "ff_factor": 2,
+                    "dropout": 0.0, "activation": "gelu", "norm_first": True, "bias_free_ln": False,
+                    "zero_init": False, "recompute": False}
+    sd = {"col_embedder.in_linear.weight": torch.randn(16, 3), "icl_predictor.decoder.2.weight": torch.randn(10, 128)}
+    torch.save({"config": official_cfg, "state_dict": sd}, tmp_path / "official.ckpt")
+    with pytest.raises(ValueError, match="official TabICL checkpoint.*not implemented"):
+        load_model(tmp_path / "official.ckpt")
+    with pytest.raises(ValueError, match="official TabICL checkpoint"):
+        TabICLClassifier(model_path=str(tmp_path / "official.ckpt")).fit(np.random.rand(20, 3), np.arange(20) % 2)
+    torch.save({"config": {**TabICLConfig().to_dict(), "mystery": 1}, "state_dict": {}}, tmp_path / "odd.pt")
+    with pytest.raises(ValueError, match="mystery"):
+        load_model(tmp_path / "odd.pt")

@@ -141,6 +141,35 @@ def test_regressor_fit_predict_api_and_quantiles(reg_ckpt):
     assert not hasattr(c2, "model_") and c2.get_params() == reg.get_params()
 
 
+def test_regressor_output_types_and_crps(reg_ckpt):
+    """predict(output_type=...) as in the official regressor: median = the level-0.5 column (19 levels:
+    0.05 ... 0.95), variance of the quantile values (scales by a^2 under y -> a y + b), dict for a list; CRPS
+    by hand, and a point-mass quantile function gives CRPS = |y - c| (levels symmetric about 1/2)."""
+    X, y = _data()
+    reg = TabICLRegressor(n_estimators=2, model_path=reg_ckpt).fit(X[:40], y[:40])
+    raw = reg.predict_raw_quantiles(X[40:])
+    np.testing.assert_allclose(reg.predict(X[40:], "median"), raw[:, 9], rtol=1e-12)
+    np.testing.assert_allclose(reg.predict(X[40:], "variance"), raw.var(1), rtol=1e-12)
+    both = reg.predict(X[40:], ["mean", "quantiles", "raw_quantiles"], alphas=[0.05, 0.95])
+    np.testing.assert_allclose(both["mean"], raw.mean(1))
+    np.testing.assert_allclose(both["quantiles"], raw[:, [0, 18]], rtol=1e-12)
+    np.testing.assert_allclose(both["raw_quantiles"], raw)
+    v2 = TabICLRegressor(n_estimators=2, model_path=reg_ckpt).fit(X[:40], 3 * y[:40] + 5).predict(X[40:], "variance")
+    np.testing.assert_allclose(v2, 9 * raw.var(1), rtol=1e-4)
+    lv = reg.quantile_levels_
+    e = y[40:, None] - raw
+    np.testing.assert_allclose(reg.crps(X[40:], y[40:]), 2 * np.maximum(lv * e, (lv - 1) * e).mean(1), rtol=1e-12)
+    point = TabICLRegressor(n_estimators=1, model_path=reg_ckpt).fit(X[:40], y[:40])
+    point.predict_raw_quantiles = lambda X_: np.full((len(X_), 19), 2.0)
+    np.testing.assert_allclose(point.crps(X[40:], y[40:]), np.abs(y[40:] - 2.0), rtol=1e-12)
+    with pytest.raises(ValueError, match="output_type"):
+        reg.predict(X[40:], "mode")
+    with pytest.raises(ValueError, match="alphas"):
+        reg.predict(X[40:], "quantiles", alphas=[1.5])
+    with pytest.raises(ValueError, match="rows"):
+        reg.crps(X[40:], y[:3])
+
+
 def test_regressor_target_affine_equivariance(reg_ckpt):
     """y is standardised on fit and mapped back on predict: fitting a*y + b predicts a*pred + b."""
     X, y = _data()

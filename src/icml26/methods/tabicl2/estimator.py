@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
@@ -62,6 +62,31 @@ def default_checkpoint(task: str = "classification") -> Path:
     return Path(str(resources.files("icml26.methods.tabicl2").joinpath(name)))
 
 
+# constructor arguments of the official ``tabicl._model.tabicl.TabICL`` (soda-inria/tabicl @ 8f1aa20) that our
+# TabICLConfig does not have: a checkpoint whose config holds them was written by the official package
+OFFICIAL_ONLY_KEYS = ("col_ssmax", "icl_ssmax", "row_rope_base", "row_rope_interleaved", "col_feature_group",
+                      "col_feature_group_size", "col_target_aware", "col_affine", "bias_free_ln", "norm_first")
+
+
+def _check_config_keys(path: Path, config) -> None:
+    """Clear errors for a checkpoint config this reimplementation cannot build (before any model is made)."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: 'config' must be a dict of TabICLConfig fields, got {type(config).__name__}")
+    official = sorted(k for k in OFFICIAL_ONLY_KEYS if k in config)
+    if official:
+        sizes = {k: config.get(k) for k in ("embed_dim", "col_num_blocks", "col_num_inds", "row_num_blocks",
+                                            "icl_num_blocks", "max_classes") if k in config}
+        raise ValueError(
+            f"{path} is an official TabICL checkpoint (config has {official}; sizes {sizes}). Loading official "
+            "weights is not implemented in icml26: the official network's parameter names and packing differ from "
+            "this reimplementation and no conversion has been checked for output parity (see the tabicl2 README, "
+            "'Not implemented'). Use the official `tabicl` package for official checkpoints.")
+    unknown = sorted(set(config) - {f.name for f in fields(TabICLConfig)})
+    if unknown:
+        raise ValueError(f"{path}: config has fields {unknown} that TabICLConfig does not know; not a tabicl2 "
+                         "checkpoint written by this version")
+
+
 def load_model(path: str | Path | None = None, device: str | torch.device = "cpu",
                task: str = "classification") -> TabICL:
     """The network from a checkpoint ``{"config", "state_dict", ...}`` (the shipped one for ``task`` when ``path``
@@ -73,6 +98,7 @@ def load_model(path: str | Path | None = None, device: str | torch.device = "cpu
     ck = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(ck, dict) or "config" not in ck or "state_dict" not in ck:
         raise ValueError(f"{path} is not a tabicl2 checkpoint (expected keys 'config' and 'state_dict')")
+    _check_config_keys(path, ck["config"])
     cfg = TabICLConfig(**ck["config"])
     if cfg.regression != (task == "regression"):
         kind = "a regression" if cfg.regression else "a classification"
@@ -508,15 +534,62 @@ class TabICLRegressor(RegressorMixin, _TabICLBase):
         check_is_fitted(self, "model_")
         return quantile_levels(self.model_.cfg.num_quantiles, dtype=torch.float64).numpy()
 
-    def predict_quantiles(self, X, alphas=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)) -> np.ndarray:
-        """Quantiles (n_samples, len(alphas)) by linear interpolation of the averaged quantile function."""
+    @staticmethod
+    def _check_alphas(alphas) -> np.ndarray:
         a = np.asarray(alphas, dtype=np.float64).ravel()
         if a.size == 0 or not ((a > 0) & (a < 1)).all():
             raise ValueError(f"alphas must be probability levels in (0, 1), got {alphas!r}")
+        return a
+
+    def predict_quantiles(self, X, alphas=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)) -> np.ndarray:
+        """Quantiles (n_samples, len(alphas)) by linear interpolation of the averaged quantile function."""
+        a = self._check_alphas(alphas)
         q = self.predict_raw_quantiles(X)
         levels = self.quantile_levels_
         return np.stack([np.interp(a, levels, row) for row in q])
 
-    def predict(self, X) -> np.ndarray:
-        """Predicted mean (n_samples,): the mean of the quantiles (official ``output_type="mean"``)."""
-        return self.predict_raw_quantiles(X).mean(1)
+    OUTPUT_TYPES = ("mean", "median", "variance", "quantiles", "raw_quantiles")
+
+    def predict(self, X, output_type: str | list = "mean", alphas=None):
+        """Target statistics in y's units, named as in the official ``TabICLRegressor.predict``.
+
+        output_type: "mean" (default; the mean of the member-averaged quantiles, (n_samples,)), "median" (the
+        quantile function interpolated at 0.5, (n_samples,)), "variance" (the variance of the predicted quantile
+        values, no tail model, (n_samples,)), "quantiles" (at ``alphas``, default 0.1 ... 0.9, (n_samples,
+        len(alphas))), "raw_quantiles" ((n_samples, Q) at :attr:`quantile_levels_`), or a list of these, which
+        returns a dict. The network runs once whatever is asked."""
+        keys = [output_type] if isinstance(output_type, str) else list(output_type)
+        bad = [k for k in keys if k not in self.OUTPUT_TYPES]
+        if not keys or bad:
+            raise ValueError(f"output_type must be one of {self.OUTPUT_TYPES} or a list of them, got {output_type!r}")
+        alphas = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9) if alphas is None else alphas
+        a = self._check_alphas(alphas) if "quantiles" in keys else None
+        q = self.predict_raw_quantiles(X)
+        levels = self.quantile_levels_
+        out = {}
+        for k in keys:
+            if k == "mean":
+                out[k] = q.mean(1)
+            elif k == "variance":
+                out[k] = q.var(1)
+            elif k == "median":
+                out[k] = np.array([np.interp(0.5, levels, row) for row in q])
+            elif k == "quantiles":
+                out[k] = np.stack([np.interp(a, levels, row) for row in q])
+            else:
+                out[k] = q
+        return out[keys[0]] if isinstance(output_type, str) else out
+
+    def crps(self, X, y) -> np.ndarray:
+        """Continuous ranked probability score per row (n_samples,), lower is better, in y's units:
+        CRPS(F, y) = 2 * integral_0^1 pinball_alpha(y - F^-1(alpha)) d alpha, approximated by the mean over the Q
+        predicted levels (no tail model beyond [1/(Q+1), Q/(Q+1)])."""
+        y = np.asarray(y, dtype=np.float64).ravel()
+        q = self.predict_raw_quantiles(X)
+        if y.shape[0] != q.shape[0]:
+            raise ValueError(f"crps: X has {q.shape[0]} rows but y has {y.shape[0]}")
+        if not np.isfinite(y).all():
+            raise ValueError("crps: y contains NaN or infinite values")
+        e = y[:, None] - q
+        a = self.quantile_levels_[None]
+        return 2 * np.maximum(a * e, (a - 1) * e).mean(1)
