@@ -33,8 +33,9 @@ KEEP = torch.tensor([1, 0, 1, 1, 0, 0, 1, 0, 1], dtype=torch.bool)
 
 def test_corl_defaults_and_bad_config():
     assert corl_defaults("calql", antmaze=True)["actor_lr"] == 1e-4 and corl_defaults("iql")["iql_beta"] == 3.0
-    for field, value in [("host", "cql"), ("behavior", "diffusion"), ("iql_tau", 1.0), ("cql_n_actions", 0),
-                         ("exp_adv_max", 0.0), ("relaxed_alpha", -0.1)]:
+    for field, value in [("host", "cql"), ("behavior", "flow"), ("iql_tau", 1.0), ("cql_n_actions", 0),
+                         ("exp_adv_max", 0.0), ("relaxed_alpha", -0.1), ("diffusion_steps", 0),
+                         ("guidance_scale", -1.0), ("guidance_scale", 0.5)]:
         with pytest.raises(ValueError, match=field):
             DAREConfig(**{field: value})
     with pytest.raises(ValueError, match="host"):

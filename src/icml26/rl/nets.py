@@ -196,3 +196,112 @@ class CVAE(nn.Module):
         z = torch.randn((n, obs.shape[0], self.latent_dim), generator=generator, device=obs.device,
                         dtype=obs.dtype).clamp(-0.5, 0.5)
         return self.decode(obs.unsqueeze(0).expand(n, *obs.shape), z)
+
+
+def vp_beta_schedule(n_steps: int) -> torch.Tensor:
+    """The discretised variance-preserving schedule beta_1..beta_T used by Diffusion-QL (Wang et al. 2023) for
+    few-step action diffusion: alpha_t = exp(-b_min / T - (b_max - b_min)(2t - 1) / (2 T^2)), b_min 0.1, b_max 10,
+    beta_t = 1 - alpha_t; (T,) float32."""
+    t = torch.arange(1, n_steps + 1, dtype=torch.float64)
+    b_min, b_max = 0.1, 10.0
+    alpha = torch.exp(-b_min / n_steps - 0.5 * (b_max - b_min) * (2 * t - 1) / n_steps ** 2)
+    return (1 - alpha).float()
+
+
+class DiffusionBehavior(nn.Module):
+    """A small DDPM behavior model mu(a|s) over actions in [-1, 1]^A (Ho et al. 2020, as Diffusion-QL uses it):
+    forward process a_t = sqrt(abar_t) a_0 + sqrt(1 - abar_t) eps, a noise-prediction MLP eps_theta(a_t, s, t),
+    ancestral sampling with the clipped x_0 prediction. It can represent multimodal behavior, which a Gaussian BC
+    model cannot.
+
+    Same interface as :class:`GaussianPolicy` for DARE:
+
+    * ``fit_loss(obs, act, generator)``: Ho et al.'s L_simple, mean over the batch of ||eps - eps_theta||^2 at a
+      uniform random step t.
+    * ``log_prob(obs, act) -> (B,)``: an ELBO proxy, -1/2 the mean over all T steps and ``n_elbo`` noise draws of
+      ||eps - eps_theta(a_t, s, t)||^2 (L_simple, the unweighted ELBO; higher = more behavior-like). The noise draws
+      are fixed (seeded) and shared by every row, so the score is a deterministic function of (s, a).
+    * ``sample(obs, n, generator, energy=None, guidance_scale=0) -> (n, B, A)``. With ``energy(s, a) -> (M,)``
+      and ``guidance_scale`` w > 0, each reverse step's mean is shifted by w beta_t grad_a energy(s, a_t)
+      (classifier-style energy guidance toward high energy, e.g. a critic's Q; [REC] stand-in for the paper's
+      energy-guided diffusion, whose exact form is not known).
+
+    Args:
+        obs_dim, act_dim: sizes. hidden, layers: the noise network's MLP. n_steps: T (Diffusion-QL uses 5).
+        time_dim: size of the sinusoidal step embedding. n_elbo: noise draws per step in ``log_prob``.
+    """
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, layers: int = 2, n_steps: int = 10,
+                 time_dim: int = 16, n_elbo: int = 4):
+        super().__init__()
+        if n_steps < 1 or time_dim < 2 or time_dim % 2 or n_elbo < 1:
+            raise ValueError(f"DiffusionBehavior needs n_steps >= 1, an even time_dim >= 2 and n_elbo >= 1, got "
+                             f"{n_steps}, {time_dim}, {n_elbo}")
+        self.act_dim, self.n_steps, self.time_dim, self.n_elbo = act_dim, n_steps, time_dim, n_elbo
+        self.net = mlp(obs_dim + act_dim + time_dim, act_dim, hidden, layers)
+        betas = vp_beta_schedule(n_steps)
+        abar = torch.cumprod(1 - betas, 0)
+        abar_prev = torch.cat((abar.new_ones(1), abar[:-1]))
+        self.register_buffer("betas", betas)
+        self.register_buffer("abar", abar)
+        # q(a_{t-1} | a_t, a_0) = N(c0 a_0 + ct a_t, var): the DDPM posterior
+        self.register_buffer("post_c0", betas * abar_prev.sqrt() / (1 - abar))
+        self.register_buffer("post_ct", (1 - abar_prev) * (1 - betas).sqrt() / (1 - abar))
+        self.register_buffer("post_var", betas * (1 - abar_prev) / (1 - abar))
+
+    def _embed(self, t: torch.Tensor) -> torch.Tensor:
+        """Sinusoidal embedding of the integer step t (M,) -> (M, time_dim)."""
+        half = self.time_dim // 2
+        freqs = torch.exp(-math.log(100.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+        x = t.float().unsqueeze(-1) * freqs
+        return torch.cat((x.sin(), x.cos()), -1)
+
+    def eps(self, obs: torch.Tensor, a_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """eps_theta(a_t, s, t): (M, obs), (M, A), (M,) integer steps in [0, T) -> (M, A)."""
+        return self.net(torch.cat((obs, a_t, self._embed(t).to(obs.dtype)), -1))
+
+    def _noised(self, act: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        ab = self.abar[t].unsqueeze(-1)
+        return ab.sqrt() * act + (1 - ab).sqrt() * noise
+
+    def fit_loss(self, obs: torch.Tensor, act: torch.Tensor, generator: torch.Generator | None = None
+                 ) -> torch.Tensor:
+        t = torch.randint(0, self.n_steps, (obs.shape[0],), generator=generator, device=obs.device)
+        noise = torch.randn(act.shape, generator=generator, device=act.device, dtype=act.dtype)
+        return (self.eps(obs, self._noised(act, t, noise), t) - noise).pow(2).sum(-1).mean()
+
+    def log_prob(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        B, T, M = obs.shape[0], self.n_steps, self.n_elbo
+        gen = torch.Generator(device=obs.device).manual_seed(0)
+        # (T, M, 1, A) noise broadcast over the batch: the same draws for every row
+        noise = torch.randn((T, M, 1, self.act_dim), generator=gen, device=obs.device, dtype=act.dtype)
+        noise = noise.expand(T, M, B, self.act_dim).reshape(-1, self.act_dim)
+        t = torch.arange(T, device=obs.device).repeat_interleave(M * B)
+        o, a = obs.repeat(T * M, 1), act.repeat(T * M, 1)
+        err = (self.eps(o, self._noised(a, t, noise), t) - noise).pow(2).sum(-1)
+        return -0.5 * err.view(T * M, B).mean(0)
+
+    def sample(self, obs: torch.Tensor, n: int, generator: torch.Generator | None = None, *, energy=None,
+               guidance_scale: float = 0.0) -> torch.Tensor:
+        if guidance_scale < 0:
+            raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale}")
+        B = obs.shape[0]
+        o = obs.unsqueeze(0).expand(n, *obs.shape).reshape(n * B, -1)
+        a = torch.randn((n * B, self.act_dim), generator=generator, device=obs.device, dtype=obs.dtype)
+        for i in reversed(range(self.n_steps)):
+            t = torch.full((n * B,), i, device=obs.device, dtype=torch.long)
+            with torch.no_grad():
+                ab = self.abar[i]
+                a0 = ((a - (1 - ab).sqrt() * self.eps(o, a, t)) / ab.sqrt()).clamp(-1.0, 1.0)
+                mean = self.post_c0[i] * a0 + self.post_ct[i] * a
+            if energy is not None and guidance_scale > 0:
+                with torch.enable_grad():
+                    x = a.detach().requires_grad_(True)
+                    (grad,) = torch.autograd.grad(energy(o, x).sum(), x)
+                mean = mean + guidance_scale * self.betas[i] * grad
+            if i > 0:
+                z = torch.randn(a.shape, generator=generator, device=a.device, dtype=a.dtype)
+                a = mean + self.post_var[i].sqrt() * z
+            else:
+                a = mean
+        return a.clamp(-1.0, 1.0).view(n, B, self.act_dim).detach()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HOSTS = ("td3bc", "iql", "calql")
-BEHAVIORS = ("gaussian", "cvae")
+BEHAVIORS = ("gaussian", "cvae", "diffusion")
 CONSTRAINTS = ("dare", "origin", "all", "none")
 SCORES = ("kl_mean", "nll", "min_dist")
 FITS = ("moments", "em")
@@ -44,8 +44,12 @@ class DAREConfig:
             Gaussian mixture fitted by EM on the union, initialised from the origin moments.
         exchange: "threshold" = online-like iff posterior p_i > eta; "stochastic" = online-like ~ Bernoulli(p_i).
         eta: the threshold (0.5).
-        behavior: the behavior model mu_psi: "gaussian" (diagonal Gaussian BC) or "cvae" (BCQ-style CVAE; its
-            "nll" score is the negative ELBO). The paper's diffusion model with energy guidance is not built.
+        behavior: the behavior model mu_psi: "gaussian" (diagonal Gaussian BC), "cvae" (BCQ-style CVAE; its
+            "nll" score is the negative ELBO) or "diffusion" (a small DDPM, ``rl.nets.DiffusionBehavior``, the
+            paper's choice; its "nll" score is the negative L_simple ELBO proxy).
+        diffusion_steps: T of the diffusion behavior model (10; Diffusion-QL uses 5).
+        guidance_scale: w of the diffusion model's energy guidance toward the host critic's min_j Q_j / mean|Q|
+            when drawing reference actions (0 = off, the default; [REC], the paper's energy model is not known).
         bc_steps, bc_lr: behavior-model fitting on D_off before the online phase.
 
     Host (``host``): "td3bc" (the fields above), "iql" or "calql" (CORL finetune defaults in
@@ -82,6 +86,8 @@ class DAREConfig:
     exchange: str = "threshold"
     eta: float = 0.5
     behavior: str = "gaussian"
+    diffusion_steps: int = 10
+    guidance_scale: float = 0.0
     bc_steps: int = 2000
     bc_lr: float = 1e-3
     host: str = "td3bc"
@@ -99,7 +105,8 @@ class DAREConfig:
                               ("host", HOSTS), ("behavior", BEHAVIORS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"DAREConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("batch_size", "policy_freq", "hidden", "layers", "n_ref_actions", "cql_n_actions"):
+        for name in ("batch_size", "policy_freq", "hidden", "layers", "n_ref_actions", "cql_n_actions",
+                     "diffusion_steps"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"DAREConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("actor_lr", "critic_lr", "bc_lr"):
@@ -116,9 +123,11 @@ class DAREConfig:
         if not 0 < self.eta < 1:
             raise ValueError(f"DAREConfig.eta must be in (0, 1), got {self.eta}")
         for name in ("alpha", "policy_noise", "noise_clip", "expl_noise", "iql_beta", "relaxed_alpha", "cql_alpha",
-                     "cql_alpha_online"):
+                     "cql_alpha_online", "guidance_scale"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"DAREConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.guidance_scale > 0 and self.behavior != "diffusion":
+            raise ValueError(f"DAREConfig.guidance_scale > 0 needs behavior='diffusion', got {self.behavior!r}")
         if not 0 < self.iql_tau < 1:
             raise ValueError(f"DAREConfig.iql_tau must be in (0, 1), got {self.iql_tau}")
         if not self.exp_adv_max > 0:

@@ -29,7 +29,7 @@ from ...core.progress import progress
 from ...rl.buffers import OfflineBuffer, OnlineBuffer, mixed_batch
 from ...rl.checkpoint import load_checkpoint, online_run_state, restore_online_run, save_checkpoint
 from ...rl.evaluation import evaluate_policy
-from ...rl.nets import CVAE, Actor, GaussianPolicy, TwinQ, soft_update
+from ...rl.nets import CVAE, Actor, DiffusionBehavior, GaussianPolicy, TwinQ, soft_update
 from .config import DAREConfig
 from .dare import alignment_score, constrained_mask, fit_gaussians, posterior_online, separation
 
@@ -59,8 +59,12 @@ class DAREHost:
         torch.manual_seed(seed)
         self._build(obs_dim, act_dim)
         c = config
-        beh = GaussianPolicy if c.behavior == "gaussian" else CVAE
-        self.behavior = beh(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
+        if c.behavior == "diffusion":
+            self.behavior = DiffusionBehavior(obs_dim, act_dim, c.hidden, c.layers, n_steps=c.diffusion_steps)
+        else:
+            self.behavior = (GaussianPolicy if c.behavior == "gaussian" else CVAE)(obs_dim, act_dim, c.hidden,
+                                                                                    c.layers)
+        self.behavior = self.behavior.to(self.device)
         self.gen = torch.Generator(device=self.device).manual_seed(seed + 1)
         self.n_updates = 0
         self.online = False
@@ -113,7 +117,9 @@ class DAREHost:
         p = None
         # scores are only needed by DARE (the other arms skip them: they cost a behavior-model pass per update)
         if c.constraint == "dare" and from_offline.any() and (~from_offline).any():
-            d = alignment_score(self.behavior, b["observations"], b["actions"], c.score, c.n_ref_actions, self.gen)
+            beh = _EnergyGuided(self.behavior, self._energy, c.guidance_scale) if c.guidance_scale > 0 \
+                else self.behavior
+            d = alignment_score(beh, b["observations"], b["actions"], c.score, c.n_ref_actions, self.gen)
             p = posterior_online(d, fit_gaussians(d, from_offline, fit=c.fit))
         keep = constrained_mask(c.constraint if p is not None or c.constraint != "dare" else "origin",
                                 from_offline, p, mode=c.exchange, eta=c.eta, generator=self.gen)
@@ -124,6 +130,12 @@ class DAREHost:
                     "sep_origin": separation(d, from_offline), "sep_exchange": separation(d, dare_keep)}
         return keep, diag
 
+
+    def _energy(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        """The diffusion model's guidance energy: min_j Q_j(s, a) / mean|Q| (scale-free, so ``guidance_scale``
+        means the same for every reward scale); every host has a twin ``critic``."""
+        q = torch.min(*self.critic(obs, act))
+        return q / q.detach().abs().mean().clamp_min(1e-6)
 
     # -- checkpoint --------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -255,3 +267,17 @@ def finetune(agent: DAREHost, env, eval_env, offline: OfflineBuffer, online_step
 def _mean_diag(diags: list[dict]) -> dict:
     keys = {k for d in diags for k in d}
     return {k: float(np.nanmean([d[k] for d in diags if k in d])) if diags else math.nan for k in sorted(keys)}
+
+
+class _EnergyGuided:
+    """A diffusion behavior model whose ``sample`` is energy-guided (``log_prob`` unchanged), for
+    :func:`alignment_score`."""
+
+    def __init__(self, model: DiffusionBehavior, energy, scale: float) -> None:
+        self.model, self.energy, self.scale = model, energy, scale
+
+    def sample(self, obs: torch.Tensor, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        return self.model.sample(obs, n, generator, energy=self.energy, guidance_scale=self.scale)
+
+    def log_prob(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        return self.model.log_prob(obs, act)
