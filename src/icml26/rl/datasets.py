@@ -14,8 +14,9 @@ timeouts               (N,)        1 when the episode was cut by the time limit 
 =====================  ==========  ==============================================================
 
 Terminals and timeouts are kept apart, as in D4RL: a TD target bootstraps through a timeout but not through a
-terminal. ``load_dataset`` reads a user's own D4RL-format ``.npz`` or ``.hdf5`` (h5py needed for the latter) and
-refuses malformed files with an error naming the problem (missing key, mismatched lengths, non-finite values).
+terminal. ``load_dataset`` reads a user's own D4RL-format ``.npz`` or ``.hdf5`` (h5py needed for the latter),
+``load_minari`` a local Minari dataset (HDF5 storage); both refuse malformed files with an error naming the
+problem (missing key, mismatched lengths, non-finite values).
 """
 
 from __future__ import annotations
@@ -137,6 +138,57 @@ def load_dataset(path: str | os.PathLike) -> tuple[dict, dict]:
         raise DatasetError(f"{path}: content hash {content_hash(data)} does not match the stored {stored}; "
                            "the file was modified or truncated")
     return data, meta
+
+
+def minari_root() -> Path:
+    """Minari's local dataset root: ``$MINARI_DATASETS_PATH`` or ``~/.minari/datasets`` (Minari's default)."""
+    return Path(os.environ.get("MINARI_DATASETS_PATH", Path.home() / ".minari" / "datasets"))
+
+
+def load_minari(dataset: str | os.PathLike, *, root: str | os.PathLike | None = None) -> dict:
+    """A local Minari dataset (HDF5 storage, Box observations and actions) as a validated D4RL-layout dict, read
+    with h5py alone (the ``minari`` package is not needed).
+
+    ``dataset``: a dataset id under ``root`` (default :func:`minari_root`), e.g. ``"mujoco/hopper/medium-v0"``, a
+    dataset directory, or its ``data/main_data.hdf5``. Minari stores one group ``episode_<i>`` per episode with
+    ``observations`` (T+1, obs: the first and the last observation included), ``actions`` (T, act), ``rewards``,
+    ``terminations`` and ``truncations`` (T,); episodes are concatenated in id order, ``observations[:-1]`` /
+    ``[1:]`` become observations / next_observations, terminations -> terminals, truncations without a
+    termination -> timeouts. Dict observation spaces and Minari's Arrow storage raise a clear error.
+    """
+    path = Path(dataset)
+    if not path.exists():
+        path = Path(root) if root is not None else minari_root()
+        path = path / str(dataset)
+    if path.is_dir():
+        path = path / "data" / "main_data.hdf5"
+    if not path.exists():
+        raise FileNotFoundError(f"no Minari HDF5 dataset at {path} (give a dataset id under the Minari root, a "
+                                "dataset directory or its data/main_data.hdf5; Arrow-format datasets are not read)")
+    h5py = _h5py()
+    parts = []
+    with h5py.File(path, "r") as f:
+        names = sorted((k for k in f.keys() if k.startswith("episode_")), key=lambda k: int(k.split("_")[1]))
+        if not names:
+            raise DatasetError(f"{path}: no episode_<i> groups; not a Minari HDF5 dataset")
+        for name in names:
+            ep = f[name]
+            for key in ("observations", "actions", "rewards", "terminations", "truncations"):
+                if key not in ep:
+                    raise DatasetError(f"{path}: {name} has no {key!r}")
+                if not isinstance(ep[key], h5py.Dataset):
+                    raise DatasetError(f"{path}: {name}/{key} is a group (a Dict space); only Box observations "
+                                       "and actions are supported")
+            obs, n = np.asarray(ep["observations"]), len(ep["actions"])
+            if len(obs) != n + 1:
+                raise DatasetError(f"{path}: {name} has {len(obs)} observations for {n} actions; Minari stores "
+                                   "T + 1 (the first and the last)")
+            term = np.asarray(ep["terminations"], dtype=np.float32)
+            parts.append({"observations": obs[:-1], "next_observations": obs[1:],
+                          "actions": np.asarray(ep["actions"]), "rewards": np.asarray(ep["rewards"]),
+                          "terminals": term,
+                          "timeouts": np.asarray(ep["truncations"], dtype=np.float32) * (1 - term)})
+    return validate({k: np.concatenate([p[k] for p in parts]) for k in KEYS}, source=str(path))
 
 
 def _h5py():
