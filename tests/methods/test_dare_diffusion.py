@@ -56,6 +56,7 @@ def test_guidance_at_scale_zero_is_the_unguided_model():
     assert not torch.equal(strong, b) and strong.abs().max() <= 1
 
 
+@pytest.mark.slow  # three 80-step online runs with the diffusion score: about a minute on the loaded machine
 def test_killed_diffusion_run_resumes_to_the_same_state(tmp_path):
     kw = dict(eval_every=30, eval_episodes=1, seed=0, checkpoint_every=20)
     a, off = _agent(guidance=0.5)
