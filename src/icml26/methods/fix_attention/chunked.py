@@ -153,23 +153,85 @@ class _Geometry:
             size *= 2
 
 
-def _early_values(v_early: torch.Tensor | None, lf_early: torch.Tensor | None, pre_v: torch.Tensor | None,
-                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Values of the keys before a super-block decayed to its start, and the two factors used.
+# Earlier keys of a super-block through torch's fused flash-attention CPU kernel (it returns the row log-sum-exp,
+# which the merge with the tree needs). False forces the plain-matmul path everywhere (tests run both).
+FUSED_EARLY = True
 
-    Returns (values (B, H, P + s0, dv) or None, prefix factor (B, H, 1, dv) or None, new-token factors (B, H, s0, dv)
-    or None): the cache prefix is decayed to position -1 and carried over the s0 earlier new tokens.
+
+def _fused(x: torch.Tensor) -> bool:
+    return (FUSED_EARLY and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
+
+
+def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
+    return x if x.shape[-1] == width else F.pad(x, (0, width - x.shape[-1]))
+
+
+def _early_attend(q_s: torch.Tensor, early_k: torch.Tensor, early_v: torch.Tensor,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain (non-causal) softmax attention of a super-block's rows over the keys before it: (B, H, R, dv) output
+    and (B, H, R, 1) row log-sum-exp. ``q_s`` is already scaled; ``early_v`` is already decayed to the boundary."""
+    dv = early_v.shape[-1]
+    if _fused(q_s):
+        # The fused kernel needs one head dim for q, k and v: zero columns change neither scores nor outputs.
+        width = max(q_s.shape[-1], dv)
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            _pad_to(q_s, width), _pad_to(early_k, width), _pad_to(early_v, width), 0.0, False, scale=1.0)
+        return o[..., :dv], lse.unsqueeze(-1)
+    w = _mm(q_s, early_k.transpose(-1, -2))
+    lse = w.logsumexp(-1, keepdim=True)
+    return _mm(w.sub_(lse).exp_(), early_v), lse
+
+
+def _early_grads(q_s: torch.Tensor, early_k: torch.Tensor, early_v: torch.Tensor, qg: torch.Tensor,
+                 neg_delta: torch.Tensor, lse_s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of the earlier-key part: (dq (B, H, R, d) unscaled, d early_k (B, H, N, d), d early_v (B, H, N, dv)).
+
+    With p_ij = exp(s_ij - lse_i) (the full row's lse) and qg_i = exp(Lambda_i - Lambda_b) (.) g_i:
+    ds_ij = p_ij (qg_i . v~_j - delta_i), d v~_j = sum_i p_ij qg_i. The fused backward kernel computes its own
+    delta as grad_out . out; one extra column makes that the full row's delta_i: grad_out = [qg, delta], out =
+    [0, 1], v~ = [v~, 0] (so the extra column adds nothing to dp_ij).
     """
-    parts, pre_factor, new_factor = [], None, None
-    if pre_v is not None:
-        pre_factor = None if lf_early is None else lf_early.sum(2, keepdim=True).exp()
-        parts.append(pre_v if pre_factor is None else pre_v * pre_factor)
-    if v_early is not None:
-        new_factor = _reverse_exclusive_cumsum(lf_early, 2).exp()
-        parts.append(v_early * new_factor)
-    if not parts:
-        return None, None, None
-    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)), pre_factor, new_factor
+    if _fused(q_s):
+        d, dv = q_s.shape[-1], early_v.shape[-1]
+        width = max(d, dv) + 1
+        grad_out = torch.cat((_pad_to(qg, width - 1), -neg_delta), dim=-1)
+        out = torch.zeros_like(grad_out)
+        out[..., -1] = 1.0
+        dq, dk, dv_ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, _pad_to(q_s, width), _pad_to(early_k, width), _pad_to(early_v, width), out,
+            lse_s.squeeze(-1), 0.0, False, scale=1.0)
+        return dq[..., :d], dk[..., :d], dv_[..., :dv]
+    p = _mm(q_s, early_k.transpose(-1, -2), -lse_s).exp_()
+    ds = _mm(qg, early_v.transpose(-1, -2), neg_delta).mul_(p)
+    return _mm(ds, early_k), _mm(ds.transpose(-1, -2), q_s), _mm(p.transpose(-1, -2), qg)
+
+
+class _EarlyDecay:
+    """Decays of all keys before the current super-block to its boundary b = s0 - 1 (the position before it),
+    updated in place from one super-block to the next: (B, H, P + T, dv), valid on the first P + s0 rows.
+
+    c_j = exp(Lambda_b - Lambda_j) (cache rows: exp(Lambda_b - Lambda_{-1}), their values being stored decayed to
+    position -1). Moving past a super-block multiplies the valid rows by its total decay and appends its own rows'
+    decays to its end (a reverse cumulative sum local to the block). Each step is one pass over the earlier rows
+    and only multiplies factors <= 1, never divides, so an underflowed decay stays an exact 0.
+    """
+
+    def __init__(self, like: torch.Tensor, n_pre: int, t: int) -> None:
+        b, h, _, dv = like.shape
+        self.c = like.new_empty(b, h, n_pre + t, dv)
+        self.c[:, :, :n_pre] = 1.0
+        self.n = n_pre
+
+    def advance(self, geo: _Geometry) -> None:
+        r = geo.shape[2]
+        self.c[:, :, :self.n] *= geo.to_start[:, :, -1:]
+        self.c[:, :, self.n:self.n + r] = _reverse_exclusive_cumsum(geo.log_f, 2).exp_()
+        self.n += r
+
+    def values(self, vals: torch.Tensor) -> torch.Tensor:
+        """Earlier values decayed to the boundary, (B, H, P + s0, dv)."""
+        return self.c[:, :, :self.n] * vals[:, :, :self.n]
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -186,19 +248,32 @@ def _mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> t
     return out.view(*lead, *out.shape[-2:])
 
 
+def _pad_rows(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """(B, H, T, .) -> (B, H, T + pad, .) contiguous, zeros appended; no copy when it is already both."""
+    return (F.pad(x, (0, 0, 0, pad)) if pad else x).contiguous()
+
+
+def _rows(x: torch.Tensor, s0: int, s1: int) -> torch.Tensor:
+    """Rows s0:s1 of a (B, H, T, .) tensor, contiguous. With several super-blocks a slice is not viewable as one
+    batch of matrices, so every matmul on it would copy it; one copy per super-block instead."""
+    return x[:, :, s0:s1].contiguous()
+
+
 def _superblock_forward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, geo: _Geometry,
                         early_k: torch.Tensor | None,
                         early_v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Output (B, H, R, dv) and row log-sum-exp (B, H, R, 1) of one super-block, softmax accumulated online.
 
-    ``q_s`` is already multiplied by the softmax scale.
+    ``q_s`` is already multiplied by the softmax scale; ``early_v`` holds the earlier values decayed to the
+    super-block's boundary.
     """
     b, h, r, dv = geo.shape
     lq, lk, lv = geo.leaf_view(q_s), geo.leaf_view(k_s), geo.leaf_view(v_s)
     w = _mm(lq, lk.transpose(-1, -2)).masked_fill_(~geo.causal, float("-inf"))
     m = w.amax(-1, keepdim=True)
     w.sub_(m).exp_()
-    u = ((w.unsqueeze(-1) * geo.leaf_decay) * lv.unsqueeze(3)).sum(4).view(b, h, r, dv)
+    # In place: the leaf decays are not needed again in this pass (saves two (R, C, dv) buffers).
+    u = geo.leaf_decay.mul_(w.unsqueeze(-1)).mul_(lv.unsqueeze(3)).sum(4).view(b, h, r, dv)
     z = w.sum(-1).view(b, h, r, 1)
     m = m.view(b, h, r, 1)
     for pair, q_decay, k_decay in geo.levels():
@@ -217,14 +292,15 @@ def _superblock_forward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
         z_right.mul_(rescale).add_(w.sum(-1, keepdim=True))
         m_right.copy_(m_new)
     if early_k is not None:
-        w = _mm(q_s, early_k.transpose(-1, -2))
-        m_new = torch.maximum(m, w.amax(-1, keepdim=True))
-        w.sub_(m_new).exp_()
+        # Merge the normalised earlier-key output o_e (weight exp(lse_e)) into the running (u, z, m).
+        o_e, lse_e = _early_attend(q_s, early_k, early_v)
+        m_new = torch.maximum(m, lse_e)
         rescale = (m - m_new).exp_()
-        u = u * rescale + geo.to_start * _mm(w, early_v)
-        z = z * rescale + w.sum(-1, keepdim=True)
+        w_e = (lse_e - m_new).exp_()
+        u = u.mul_(rescale).addcmul_(geo.to_start * o_e, w_e)
+        z = z.mul_(rescale).add_(w_e)
         m = m_new
-    return u / z, m + z.log()
+    return u.div_(z), m + z.log()
 
 
 def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, geo: _Geometry,
@@ -239,12 +315,13 @@ def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor
     dq, dk, dv = torch.zeros_like(q_s), torch.zeros_like(k_s), torch.zeros_like(v_s)
     lq, lk, lv, lg = geo.leaf_view(q_s), geo.leaf_view(k_s), geo.leaf_view(v_s), geo.leaf_view(g_s)
     p = _mm(lq, lk.transpose(-1, -2), geo.leaf_view(neg_lse)).masked_fill_(~geo.causal, float("-inf")).exp_()
-    weighted = p.unsqueeze(-1) * geo.leaf_decay                                 # p_ij D_ij: (B, H, n, C, C, dv)
-    ds = (lg.unsqueeze(4) * weighted * lv.unsqueeze(3)).sum(-1)                 # p_ij (g_i . D_ij v_j)
+    # In place on the leaf decays (not needed again in this pass): p_ij D_ij (.) g_i, (B, H, n, C, C, dv).
+    pdg = geo.leaf_decay.mul_(p.unsqueeze(-1)).mul_(lg.unsqueeze(4))
+    geo.leaf_view(dv).add_(pdg.sum(3))                                          # sum_i p_ij D_ij (.) g_i
+    ds = pdg.mul_(lv.unsqueeze(3)).sum(-1)                                      # p_ij (g_i . D_ij v_j)
     ds.addcmul_(p, geo.leaf_view(neg_delta))
     geo.leaf_view(dq).add_(_mm(ds, lk))
     geo.leaf_view(dk).add_(_mm(ds.transpose(-1, -2), lq))
-    geo.leaf_view(dv).add_((weighted * lg.unsqueeze(4)).sum(3))
     for pair, q_decay, k_decay in geo.levels():
         q_right, _ = pair(q_s)
         _, k_left = pair(k_s)
@@ -261,37 +338,36 @@ def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor
         dv_left.addcmul_(k_decay, _mm(p.transpose(-1, -2), qg))
     d_early_k = d_early_v = None
     if early_k is not None:
-        p = _mm(q_s, early_k.transpose(-1, -2), neg_lse).exp_()
-        qg = geo.to_start * g_s
-        ds = _mm(qg, early_v.transpose(-1, -2), neg_delta).mul_(p)
-        dq.add_(_mm(ds, early_k))
-        d_early_k = _mm(ds.transpose(-1, -2), q_s)
-        d_early_v = _mm(p.transpose(-1, -2), qg)
+        dq_e, d_early_k, d_early_v = _early_grads(q_s, early_k, early_v, geo.to_start * g_s, neg_delta, lse_s)
+        dq.add_(dq_e)
     return dq, dk, dv, d_early_k, d_early_v
 
 
-def _rows(x: torch.Tensor, s0: int, s1: int) -> torch.Tensor:
-    """Rows s0:s1 of a (B, H, T, .) tensor, contiguous. With several super-blocks a slice is not viewable as one
-    batch of matrices, so every matmul on it would copy it; one copy per super-block instead."""
-    return x[:, :, s0:s1].contiguous()
-
-
 class _FixAttention(torch.autograd.Function):
-    """Exact FiX with recomputation in the backward pass (inputs padded to a multiple of ``rows``)."""
+    """Exact FiX with recomputation in the backward pass (inputs padded to a multiple of ``rows``).
+
+    Keys before a super-block (cache rows first, then earlier new tokens) share one decay buffer
+    (:class:`_EarlyDecay`); nothing of size T x T or (T / R) x T x dv is kept.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, log_f, pre_k, pre_v, scale: float, leaf: int, rows: int):
-        qs = q * scale
-        outputs, lses = [], []
-        for s0 in range(0, q.shape[2], rows):
+        b, h, t, dv = v.shape
+        n_pre = 0 if pre_k is None else pre_k.shape[2]
+        keys = k if pre_k is None else torch.cat((pre_k, k), dim=2)
+        vals = v if pre_v is None else torch.cat((pre_v, v), dim=2)
+        o, lse = torch.empty_like(v), v.new_empty(b, h, t, 1)
+        decay = _EarlyDecay(v, n_pre, t)
+        for s0 in range(0, t, rows):
             s1 = s0 + rows
             geo = _Geometry(_rows(log_f, s0, s1), leaf)
-            early_k, early_v = _early_inputs(k, v, log_f, pre_k, pre_v, s0)
-            o, lse = _superblock_forward(_rows(qs, s0, s1), _rows(k, s0, s1), _rows(v, s0, s1), geo, early_k, early_v)
-            outputs.append(o)
-            lses.append(lse)
-        o = torch.cat(outputs, dim=2)
-        ctx.save_for_backward(q, k, v, log_f, pre_k, pre_v, o, torch.cat(lses, dim=2))
+            early = decay.n > 0
+            o[:, :, s0:s1], lse[:, :, s0:s1] = _superblock_forward(
+                q[:, :, s0:s1] * scale, _rows(k, s0, s1), _rows(v, s0, s1), geo,
+                keys[:, :, :decay.n] if early else None, decay.values(vals) if early else None)
+            if s1 < t:
+                decay.advance(geo)
+        ctx.save_for_backward(q, k, v, log_f, pre_k, pre_v, o, lse)
         ctx.scale, ctx.leaf, ctx.rows = scale, leaf, rows
         return o
 
@@ -301,48 +377,46 @@ class _FixAttention(torch.autograd.Function):
         q, k, v, log_f, pre_k, pre_v, o, lse = ctx.saved_tensors
         scale, leaf, rows = ctx.scale, ctx.leaf, ctx.rows
         g = g.contiguous()
-        qs = q * scale
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        d_pre_k = None if pre_k is None else torch.zeros_like(pre_k)
-        d_pre_v = None if pre_v is None else torch.zeros_like(pre_v)
+        t = q.shape[2]
         n_pre = 0 if pre_k is None else pre_k.shape[2]
-        for s0 in range(0, q.shape[2], rows):
+        keys = k if pre_k is None else torch.cat((pre_k, k), dim=2)
+        vals = v if pre_v is None else torch.cat((pre_v, v), dim=2)
+        # Gradients of all keys and values, cache rows first.
+        dq, dk_all, dv_all = torch.empty_like(q), torch.zeros_like(keys), torch.zeros_like(vals)
+        decay = _EarlyDecay(v, n_pre, t)
+        for s0 in range(0, t, rows):
             s1 = s0 + rows
             geo = _Geometry(_rows(log_f, s0, s1), leaf)
-            lf_early = log_f[:, :, :s0] if s0 else None
-            early_vals, pre_factor, new_factor = _early_values(v[:, :, :s0] if s0 else None, lf_early, pre_v)
-            early_k = _early_keys(k, pre_k, s0)
-            grads = _superblock_backward(*(_rows(x, s0, s1) for x in (qs, k, v)), geo, early_k, early_vals,
+            n = decay.n
+            early_v = decay.values(vals) if n else None
+            grads = _superblock_backward(q[:, :, s0:s1] * scale, _rows(k, s0, s1), _rows(v, s0, s1), geo,
+                                         keys[:, :, :n] if n else None, early_v,
                                          *(_rows(x, s0, s1) for x in (g, o, lse)))
-            dq[:, :, s0:s1] += grads[0]
-            dk[:, :, s0:s1] += grads[1]
-            dv[:, :, s0:s1] += grads[2]
-            if early_k is not None:
-                d_keys, d_vals = grads[3], grads[4]
-                if pre_k is not None:
-                    d_pre_k += d_keys[:, :, :n_pre]
-                    d_pre_v += d_vals[:, :, :n_pre] if pre_factor is None else d_vals[:, :, :n_pre] * pre_factor
-                if s0:
-                    dk[:, :, :s0] += d_keys[:, :, n_pre:]
-                    dv[:, :, :s0] += d_vals[:, :, n_pre:] * new_factor
-        # dLambda_i = g_i o_i - v_i dv_i; log f_t enters every Lambda_i with i >= t.
-        d_lam = (g * o - v * dv).double()
-        d_log_f = d_lam.flip(2).cumsum(2).flip(2).to(log_f.dtype)
+            dq[:, :, s0:s1] = grads[0]
+            dk_all[:, :, n:n + rows] += grads[1]
+            dv_all[:, :, n:n + rows] += grads[2]
+            if n:
+                dk_all[:, :, :n] += grads[3]
+                # v~_j = c_j v_j, so dv_j gets c_j (.) d v~_j.
+                dv_all[:, :, :n].addcmul_(grads[4], decay.c[:, :, :n])
+            if s1 < t:
+                decay.advance(geo)
+        dk, dv = dk_all[:, :, n_pre:], dv_all[:, :, n_pre:]
+        # dLambda_i = g_i o_i - v_i dv_i; log f_t enters every Lambda_i with i >= t: a reverse cumulative sum,
+        # accumulated in float64 one super-block at a time (last first) to keep the buffers small.
+        d_log_f = torch.empty_like(log_f)
+        carry = None
+        for s0 in reversed(range(0, t, rows)):
+            s1 = s0 + rows
+            d_lam = (g[:, :, s0:s1] * o[:, :, s0:s1]).sub_(v[:, :, s0:s1] * dv[:, :, s0:s1]).double()
+            d_lam = d_lam.flip(2).cumsum(2).flip(2)
+            if carry is not None:
+                d_lam += carry
+            carry = d_lam[:, :, :1]
+            d_log_f[:, :, s0:s1] = d_lam
+        d_pre_k = None if pre_k is None else dk_all[:, :, :n_pre]
+        d_pre_v = None if pre_v is None else dv_all[:, :, :n_pre]
         return dq.mul_(scale), dk, dv, d_log_f, d_pre_k, d_pre_v, None, None, None
-
-
-def _early_keys(k: torch.Tensor, pre_k: torch.Tensor | None, s0: int) -> torch.Tensor | None:
-    parts = ([] if pre_k is None else [pre_k]) + ([k[:, :, :s0]] if s0 else [])
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
-
-
-def _early_inputs(k, v, log_f, pre_k, pre_v, s0: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    early_v, _, _ = _early_values(v[:, :, :s0] if s0 else None, log_f[:, :, :s0] if s0 else None, pre_v)
-    return _early_keys(k, pre_k, s0), early_v
-
-
 def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor, *,
                           prefix_k: torch.Tensor | None = None, prefix_v: torch.Tensor | None = None,
                           scale: float | None = None, chunk_size: int = 4, return_state: bool = False,
@@ -386,18 +460,14 @@ def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
         if prefix_k is not None:
             prefix_k = torch.cat((prefix_k.to(cdt), offsets[:, :, :n_pre]), dim=-1)
     if t == 1 and prefix_k is not None:
-        # One decode step: decay the cache by f_t, append v_t, and the output is plain attention over it.
-        state = torch.cat((prefix_v.to(cdt) * log_f.to(cdt).exp(), v.to(cdt)), dim=2)
-        keys = torch.cat((prefix_k.to(cdt), k.to(cdt)), dim=2)
-        u = F.scaled_dot_product_attention(q.to(cdt), keys, state, scale=scale).to(out_dtype)
-        return (u, state.to(cache_dtype)) if return_state else u
+        u, _, state = fix_decode_step(q, k, v, log_f, prefix_k, prefix_v, scale=scale)
+        return (u, state) if return_state else u
     leaf = max(1, min(chunk_size, t))
     n_pre = 0 if prefix_k is None else prefix_k.shape[2]
     rows = _plan(t, n_pre, leaf, max_block_scores, max_block_rows)
     pad = -(-t // rows) * rows - t
     # Padded positions carry log f = 0, so they change no decay; being last, no real query sees them.
-    qp, kp, vp = (F.pad(x.to(cdt), (0, 0, 0, pad)).contiguous() for x in (q, k, v))
-    lfp = F.pad(log_f.to(cdt).expand(b, h, t, dv), (0, 0, 0, pad)).contiguous()
+    qp, kp, vp, lfp = (_pad_rows(x.to(cdt), pad) for x in (q, k, v, log_f.to(cdt).expand(b, h, t, dv)))
     pre_k = None if prefix_k is None else prefix_k.to(cdt).contiguous()
     pre_v = None if prefix_v is None else prefix_v.to(cdt).contiguous()
     u = _FixAttention.apply(qp, kp, vp, lfp, pre_k, pre_v, scale, leaf, rows)[:, :, :t].to(out_dtype)
@@ -408,6 +478,43 @@ def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
     if pre_v is not None:
         state = torch.cat((pre_v * lf.sum(2, keepdim=True).exp(), state), dim=2)
     return u, state.to(cache_dtype)
+
+
+def fix_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor,
+                    prefix_k: torch.Tensor, prefix_v: torch.Tensor, *, scale: float | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One FiX decode step: decay the value cache by f_t, append v_t; the output is plain attention over the cache.
+
+    Args:
+        q, k: (B, H, 1, d); v: (B, H, 1, dv); log_f: (B, H, 1, dv) or (B, H, 1, 1).
+        prefix_k: (B, H, P, d) cached keys; prefix_v: (B, H, P, dv) cached values decayed to the previous token.
+    Returns:
+        u (B, H, 1, dv) in q's dtype, and the new caches: keys (B, H, P + 1, d) (``torch.cat`` of prefix_k and k)
+        and values (B, H, P + 1, dv) in v's dtype. Each cache is written once (the layer need not concatenate the keys again), so a step moves
+        the bytes of a softmax step: the same order as reading the cache.
+    """
+    if q.shape[2] != 1 or k.shape[2] != 1 or v.shape[2] != 1 or log_f.shape[2] != 1:
+        raise ValueError(f"fix_decode_step takes one new token, got q/k/v/log_f lengths {q.shape[2]}, {k.shape[2]}, "
+                         f"{v.shape[2]}, {log_f.shape[2]}")
+    cdt = _compute_dtype(q.dtype)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    b, h, n, dv = prefix_v.shape
+    if any(x.dtype != cdt for x in (prefix_k, prefix_v, k, v)):
+        # Low-precision caches: attend over the float32 state before it is rounded into the cache (v's dtype).
+        state = torch.cat((prefix_v.to(cdt) * log_f.to(cdt).exp(), v.to(cdt)), dim=2)
+        keys = torch.cat((prefix_k.to(cdt), k.to(cdt)), dim=2)
+        u = F.scaled_dot_product_attention(q.to(cdt), keys, state, scale=scale).to(q.dtype)
+        return u, torch.cat((prefix_k, k), dim=2), state.to(v.dtype)
+    keys = torch.cat((prefix_k, k), dim=2)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (prefix_v, log_f, v)):
+        state = torch.cat((prefix_v * log_f.to(cdt).exp(), v), dim=2)
+    else:
+        # Write the decayed cache straight into the new one (one pass instead of a multiply and a copy).
+        state = prefix_v.new_empty(b, h, n + 1, dv)
+        torch.mul(prefix_v, log_f.to(cdt).exp(), out=state[:, :, :n])
+        state[:, :, n:] = v
+    u = F.scaled_dot_product_attention(q.to(cdt), keys, state, scale=scale).to(q.dtype)
+    return u, keys, state
 
 
 def fox_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor, *,

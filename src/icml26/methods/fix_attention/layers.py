@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...models.tiny_lm import CausalSelfAttention, TinyLM, TinyLMConfig, apply_rope, precompute_rope
-from .chunked import fix_attention_chunked, fox_attention_chunked
+from .chunked import fix_attention_chunked, fix_decode_step, fox_attention_chunked
 from .config import FixConfig
 
 
@@ -339,6 +339,9 @@ class FiXAttention(FiXGates, _GatedAttention):
         chunk = self.cfg.chunk_size
         if cache is None:
             u = fix_attention_chunked(q, k, v, log_f, chunk_size=chunk)
+        elif offset and q.shape[2] == 1:
+            # Decode: one pass writes each cache (no second concatenation of the keys).
+            u, cache["k"], cache["v"] = fix_decode_step(q, k, v, log_f, cache["k"], cache["v"])
         else:
             prefix_k, prefix_v = (cache["k"], cache["v"]) if offset else (None, None)
             u, state = fix_attention_chunked(q, k, v, log_f, prefix_k=prefix_k, prefix_v=prefix_v, chunk_size=chunk,
