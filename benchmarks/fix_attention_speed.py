@@ -1,19 +1,20 @@
 """Speed and memory of FiX and FoX attention against torch's fused causal ``scaled_dot_product_attention``.
 
-Three parts:
+Three parts, repeated for every thread count in ``--threads`` (default 1 and 2):
 
-* timing: forward + backward of the attention op alone (no projections) on (B, H, T, Dh) float32 inputs, for
-  T in {256, 1024, 4096}: SDPA, FoX and FiX in one process, interleaved over rounds; median wall time and the median
-  of the per-round ratios to SDPA.
-* memory: the same step once per kernel, each in its own subprocess so that ``ru_maxrss`` is that case's true peak:
-  peak RSS above the inputs.
-* decode: one attention layer (d_model = H * Dh) with a prefilled cache of P tokens, then single-token steps:
-  tokens per second, and cache bytes per token (softmax+RoPE = TinyLM's CausalSelfAttention, FoX, FiX).
+* timing: forward + backward of the attention op alone (no projections) on (1, H, T, Dh) float32 inputs, for
+  each T in ``--lengths``: SDPA, FoX and FiX in one process, interleaved over rounds; median wall time and the
+  median of the per-round ratios to SDPA.
+* memory: the same step once per kernel, each in its own process so that ``ru_maxrss`` is that case's true peak:
+  peak RSS above the inputs (this includes what the allocator keeps after frees).
+* decode: one attention layer per kind (d_model = H * Dh) with a prefilled cache of P tokens, then single-token
+  steps, the three layers interleaved step by step in one process: tokens per second, the median of the per-step
+  ratios to softmax, and cache bytes per token (softmax+RoPE = TinyLM's CausalSelfAttention, FoX, FiX).
 
-Writes one JSON file atomically. Threads default to 1: on a shared 2-core machine one intra-op thread per process
-gives the steadiest numbers; pass ``--threads 2`` on an idle machine.
+Writes one JSON file atomically, with the machine (CPU, cores, threads, torch, BLAS, commit, load at start and
+end; ``icml26.harness.bench``). Ratios from interleaved arms are what counts on a loaded machine.
 
-    python benchmarks/fix_attention_speed.py --out results/benchmarks/fix_attention_speed.json
+    python benchmarks/fix_attention_speed.py --threads 1 2 --out results/benchmarks/fix_attention_speed.json
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -30,6 +30,17 @@ import time
 
 KERNELS = ("sdpa", "fox", "fix")
 LAYERS = ("softmax", "fox", "fix")
+
+BENCH = {"room": "fix_attention", "args": ["--rounds", "5", "--decode-steps", "24"], "threads_arg": "--threads",
+         "ratios": {"FiX / SDPA fwd+bwd, T = 1024": "runs[0].rows[part=timing,T=1024].ratio_to_sdpa_median.fix",
+                    "FiX / SDPA fwd+bwd, T = 4096": "runs[0].rows[part=timing,T=4096].ratio_to_sdpa_median.fix",
+                    "FoX / SDPA fwd+bwd, T = 1024": "runs[0].rows[part=timing,T=1024].ratio_to_sdpa_median.fox",
+                    "FiX / SDPA peak memory, T = 1024": "runs[0].memory_ratio_to_sdpa[T=1024].fix",
+                    "FiX / SDPA peak memory, T = 4096": "runs[0].memory_ratio_to_sdpa[T=4096].fix",
+                    "FiX / softmax decode tokens/s, P = 1024":
+                        "runs[0].rows[part=decode,prefix=1024].tokens_per_s_ratio.fix",
+                    "FiX / softmax decode tokens/s, P = 4096":
+                        "runs[0].rows[part=decode,prefix=4096].tokens_per_s_ratio.fix"}}
 
 
 def _kernel_case(kind: str, t: int, heads: int, head_dim: int):
@@ -98,7 +109,8 @@ def memory_worker(kind: str, t: int, heads: int, head_dim: int, threads: int) ->
             "peak_rss_over_inputs_mib": (peak - base) / 2**20}
 
 
-def decode_worker(kind: str, prefix: int, heads: int, head_dim: int, steps: int, threads: int) -> dict:
+def decode_worker(prefix: int, heads: int, head_dim: int, steps: int, threads: int) -> dict:
+    """The three layers in one process, their decode steps interleaved (softmax, fox, fix, softmax, ...)."""
     import torch
 
     from icml26.methods.fix_attention import attention_factory
@@ -108,21 +120,31 @@ def decode_worker(kind: str, prefix: int, heads: int, head_dim: int, steps: int,
     torch.manual_seed(0)
     d = heads * head_dim
     tiny = TinyLMConfig(d_model=d, n_layers=1, n_heads=heads, max_seq_len=prefix + steps + 1)
-    layer = attention_factory(attention=kind)(tiny, 0).eval()
+    # A lone layer has no token ids: FiX's layer-0 gates read the hidden state instead.
+    layers = {kind: attention_factory(attention=kind, **({"gate_layer0_source": "hidden"} if kind == "fix" else {}))(
+        tiny, 0).eval() for kind in LAYERS}
     x = torch.randn(1, prefix + steps, d)
-    cache: dict = {}
+    caches: dict[str, dict] = {kind: {} for kind in LAYERS}
+    times: dict[str, list[float]] = {kind: [] for kind in LAYERS}
     with torch.no_grad():
-        layer(x[:, :prefix], cache=cache)
-        times = []
+        for kind, layer in layers.items():
+            layer(x[:, :prefix], cache=caches[kind])
         for i in range(prefix, prefix + steps):
-            start = time.perf_counter()
-            layer(x[:, i:i + 1], cache=cache)
-            times.append(time.perf_counter() - start)
+            for kind, layer in layers.items():
+                start = time.perf_counter()
+                layer(x[:, i:i + 1], cache=caches[kind])
+                times[kind].append(time.perf_counter() - start)
     n_tokens = prefix + steps
-    cache_bytes = sum(v.numel() * v.element_size() for v in cache.values())
-    return {"part": "decode", "kind": kind, "prefix": prefix, "heads": heads, "head_dim": head_dim,
-            "step_s_median": statistics.median(times), "tokens_per_s": 1.0 / statistics.median(times),
-            "cache_bytes_per_token": cache_bytes / n_tokens, "cache_keys": sorted(cache)}
+    cache_bytes = {kind: sum(v.numel() * v.element_size() for v in caches[kind].values()) / n_tokens
+                   for kind in LAYERS}
+    return {"part": "decode", "prefix": prefix, "heads": heads, "head_dim": head_dim, "steps": steps,
+            "step_s_median": {kind: statistics.median(times[kind]) for kind in LAYERS},
+            "tokens_per_s": {kind: 1.0 / statistics.median(times[kind]) for kind in LAYERS},
+            "tokens_per_s_ratio": {kind: statistics.median(s / k for k, s in zip(times[kind], times["softmax"]))
+                                   for kind in LAYERS},
+            "cache_bytes_per_token": cache_bytes,
+            "cache_ratio_to_softmax": {kind: cache_bytes[kind] / cache_bytes["softmax"] for kind in LAYERS},
+            "cache_keys": {kind: sorted(caches[kind]) for kind in LAYERS}}
 
 
 def _run(args: list[str]) -> dict:
@@ -132,64 +154,92 @@ def _run(args: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _measure(args: argparse.Namespace, threads: int, done: dict, save) -> dict:
+    """Every part at one thread count; each worker in its own process. ``done`` holds rows finished by an earlier,
+    interrupted run with the same settings (resumed, not re-measured); ``save`` checkpoints after each worker."""
+    common = ["--heads", str(args.heads), "--head-dim", str(args.head_dim), "--rounds", str(args.rounds),
+              "--decode-steps", str(args.decode_steps), "--threads", str(threads)]
+    jobs = [("timing", "all", t) for t in args.lengths]
+    jobs += [("memory", kind, t) for t in args.lengths for kind in KERNELS]
+    jobs += [("decode", "all", p) for p in args.decode_prefix]
+    rows = []
+    for part, kind, size in jobs:
+        key = f"{threads}:{part}:{kind}:{size}"
+        if key not in done:
+            print(f"[{threads} thread(s)] {part} {kind} {size} ...", file=sys.stderr, flush=True)
+            done[key] = _run(["--worker", part, kind, str(size), *common])
+            save()
+        rows.append(done[key])
+    memory = []
+    for t in args.lengths:
+        peak = {r["kind"]: r["peak_rss_over_inputs_mib"] for r in rows if r["part"] == "memory" and r["T"] == t}
+        memory.append({"T": t, **{kind: peak[kind] / peak["sdpa"] for kind in KERNELS}})
+    return {"threads": threads, "rows": rows, "memory_ratio_to_sdpa": memory}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds per length")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds per length")
     parser.add_argument("--decode-prefix", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--decode-steps", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--out", default="results/benchmarks/fix_attention_speed.json")
     parser.add_argument("--worker", nargs=3, metavar=("PART", "KIND", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if any(n < 1 for n in args.threads) or args.rounds < 1 or args.decode_steps < 1:
+        parser.error("--threads, --rounds and --decode-steps must be positive")
     if args.worker:
         part, kind, size = args.worker
+        threads = args.threads[0]
         if part == "timing":
-            row = timing_worker(int(size), args.heads, args.head_dim, args.rounds, args.threads)
+            row = timing_worker(int(size), args.heads, args.head_dim, args.rounds, threads)
         elif part == "memory":
-            row = memory_worker(kind, int(size), args.heads, args.head_dim, args.threads)
+            row = memory_worker(kind, int(size), args.heads, args.head_dim, threads)
         else:
-            row = decode_worker(kind, int(size), args.heads, args.head_dim, args.decode_steps, args.threads)
+            row = decode_worker(int(size), args.heads, args.head_dim, args.decode_steps, threads)
         print(json.dumps(row))
         return
 
-    from icml26.core.io import atomic_write_json
+    from icml26.harness.bench import machine_info, write_bench_json
 
-    common = ["--heads", str(args.heads), "--head-dim", str(args.head_dim), "--rounds", str(args.rounds),
-              "--decode-steps", str(args.decode_steps), "--threads", str(args.threads)]
-    rows = []
-    for t in args.lengths:
-        print(f"timing T={t} ...", file=sys.stderr, flush=True)
-        rows.append(_run(["--worker", "timing", "all", str(t), *common]))
-        for kind in KERNELS:
-            print(f"memory {kind} T={t} ...", file=sys.stderr, flush=True)
-            rows.append(_run(["--worker", "memory", kind, str(t), *common]))
-    for prefix in args.decode_prefix:
-        for kind in LAYERS:
-            print(f"decode {kind} P={prefix} ...", file=sys.stderr, flush=True)
-            rows.append(_run(["--worker", "decode", kind, str(prefix), *common]))
-    for row in rows:
-        if row["part"] == "decode":
-            ref = next(r for r in rows if r["part"] == "decode" and r["prefix"] == row["prefix"]
-                       and r["kind"] == "softmax")
-            row["cache_ratio_to_softmax"] = row["cache_bytes_per_token"] / ref["cache_bytes_per_token"]
-    import torch
+    from icml26.core.io import atomic_write_json, read_json
 
-    atomic_write_json(args.out, {"benchmark": "fix_attention_speed", "platform": platform.platform(),
-                                 "torch": torch.__version__, "threads": args.threads, "heads": args.heads,
-                                 "head_dim": args.head_dim, "rows": rows})
-    for r in rows:
-        if r["part"] == "timing":
-            for kind in KERNELS:
-                print(f"kernel {kind:5s} T={r['T']:5d}  fwd+bwd {r['fwd_bwd_s_median'][kind] * 1e3:8.1f} ms "
-                      f"(x{r['ratio_to_sdpa_median'][kind]:.2f} SDPA, median of {r['rounds']} interleaved rounds)")
-        elif r["part"] == "memory":
-            print(f"memory {r['kind']:5s} T={r['T']:5d}  peak +{r['peak_rss_over_inputs_mib']:.0f} MiB over inputs")
-        else:
-            print(f"decode {r['kind']:7s} P={r['prefix']:5d}  {r['tokens_per_s']:8.1f} tok/s  "
-                  f"cache {r['cache_bytes_per_token']:.0f} B/token (x{r['cache_ratio_to_softmax']:.3f} softmax)")
+    machine = machine_info(args.threads[0] if len(args.threads) == 1 else None)
+    machine["torch_threads"] = args.threads
+    partial = f"{args.out}.partial"
+    settings = {k: getattr(args, k) for k in ("lengths", "heads", "head_dim", "rounds", "decode_prefix",
+                                              "decode_steps")}
+    done: dict = {}
+    if os.path.exists(partial):
+        saved = read_json(partial)
+        if saved.get("settings") == settings:
+            done = saved["rows"]
+            print(f"resuming {len(done)} finished worker(s) from {partial}", file=sys.stderr)
+    save = lambda: atomic_write_json(partial, {"settings": settings, "rows": done})  # noqa: E731
+    runs = [_measure(args, threads, done, save) for threads in args.threads]
+    write_bench_json(args.out, {"benchmark": "fix_attention_speed", "heads": args.heads, "head_dim": args.head_dim,
+                                "runs": runs}, machine)
+    for run in runs:
+        print(f"--- {run['threads']} thread(s)")
+        for r in run["rows"]:
+            if r["part"] == "timing":
+                for kind in KERNELS:
+                    print(f"kernel {kind:5s} T={r['T']:5d}  fwd+bwd {r['fwd_bwd_s_median'][kind] * 1e3:8.1f} ms "
+                          f"(x{r['ratio_to_sdpa_median'][kind]:.2f} SDPA, median of {r['rounds']} interleaved rounds)")
+            elif r["part"] == "memory":
+                print(f"memory {r['kind']:5s} T={r['T']:5d}  peak +{r['peak_rss_over_inputs_mib']:.1f} MiB over inputs")
+            else:
+                for kind in LAYERS:
+                    print(f"decode {kind:7s} P={r['prefix']:5d}  {r['tokens_per_s'][kind]:8.1f} tok/s "
+                          f"(x{r['tokens_per_s_ratio'][kind]:.2f} softmax, interleaved)  cache "
+                          f"{r['cache_bytes_per_token'][kind]:.0f} B/token (x{r['cache_ratio_to_softmax'][kind]:.3f})")
+        for m in run["memory_ratio_to_sdpa"]:
+            print(f"memory / SDPA T={m['T']:5d}  fox x{m['fox']:.2f}  fix x{m['fix']:.2f}")
+    if os.path.exists(partial):
+        os.remove(partial)
     print(f"wrote {args.out}")
 
 

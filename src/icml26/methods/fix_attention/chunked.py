@@ -490,8 +490,8 @@ def fix_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: to
         prefix_k: (B, H, P, d) cached keys; prefix_v: (B, H, P, dv) cached values decayed to the previous token.
     Returns:
         u (B, H, 1, dv) in q's dtype, and the new caches: keys (B, H, P + 1, d) (``torch.cat`` of prefix_k and k)
-        and values (B, H, P + 1, dv) in v's dtype. Each cache is written once (the layer need not concatenate the keys again), so a step moves
-        the bytes of a softmax step: the same order as reading the cache.
+        and values (B, H, P + 1, dv) in v's dtype. Each cache is written once (the layer need not concatenate the
+        keys again), so a step moves the bytes of a softmax step: the same order as reading the cache.
     """
     if q.shape[2] != 1 or k.shape[2] != 1 or v.shape[2] != 1 or log_f.shape[2] != 1:
         raise ValueError(f"fix_decode_step takes one new token, got q/k/v/log_f lengths {q.shape[2]}, {k.shape[2]}, "
