@@ -1,6 +1,6 @@
 """The frozen foundation policy of the PGT room: built by behavior cloning (``policy.pretrain``) and shipped with the
-room (``weights/foundation-<key>.safetensors``, ~200 kB each) so that the quick tier does not spend ~10 minutes
-pretraining. A config whose key has no shipped file is built here, with an atomic checkpoint that resumes after a
+room (``checkpoints/foundation-<key>.safetensors``, ~200 kB each; packaged by pyproject's
+``methods/*/checkpoints/*``) so that no tier spends minutes pretraining. A config whose key has no shipped file is built here, with an atomic checkpoint that resumes after a
 kill, and cached in the user cache directory.
 
 Rebuild a shipped file (deterministic given torch's CPU kernels):
@@ -22,7 +22,7 @@ from ...core.io import atomic_write_bytes
 from .policy import GoalPolicy, pretrain
 
 WORLD_VERSION = "procworld-v1"
-SHIPPED = Path(__file__).parent / "weights"
+SHIPPED = Path(__file__).parent / "checkpoints"
 KEYS = ("horizon", "pretrain_steps", "z_dim", "hidden")
 
 
