@@ -81,6 +81,9 @@ def test_read_entry_checks_the_literal(tmp_path):
     with pytest.raises(ValueError, match="unknown keys"):
         bench.read_entry(_write(tmp_path, "bad2.py", "BENCH = {'room': 'r', 'args': [], 'ratios': {'a': 'b'}, "
                                                      "'x': 1}\n"))
+    with pytest.raises(ValueError, match="'seconds'\\] must be positive"):
+        bench.read_entry(_write(tmp_path, "bad4.py", "BENCH = {'room': 'r', 'args': [], 'ratios': {'a': 'b'}, "
+                                                     "'seconds': 0}\n"))
     with pytest.raises(ValueError, match="literal"):
         bench.read_entry(_write(tmp_path, "bad3.py", "BENCH = dict(room='r')\n"))
 
@@ -115,6 +118,23 @@ def test_runner_reports_failures_and_rejects_bad_requests(tmp_path):
     with pytest.raises(ValueError, match="threads must be positive"):
         bench.run_benchmarks(None, [0], tmp_path / "o3", bench_dir=scripts, echo=False)
     assert not (tmp_path / "o3").exists()
+
+
+def test_budget_is_shared_in_proportion_to_declared_seconds(tmp_path, monkeypatch):
+    scripts = tmp_path / "benchmarks"
+    for name, seconds in (("a_step.py", 30), ("b_step.py", 90)):
+        _write(scripts, name, f"BENCH = {{'room': '{name[0]}', 'args': [], 'ratios': {{'r': 'x'}}, "
+                              f"'seconds': {seconds}}}\n")
+    timeouts = []
+
+    def fake_run(script, entry, threads, out_dir, timeout_s, python):
+        timeouts.append(timeout_s)
+        return {"script": script.name, "room": entry["room"], "threads": threads, "status": "ok", "ratios": {},
+                "wall_s": 0.0, "machine": bench.machine_info(threads)}
+
+    monkeypatch.setattr(bench, "run_script", fake_run)
+    bench.run_benchmarks(None, [1], tmp_path / "out", bench_dir=scripts, budget_s=400, echo=False)
+    assert timeouts[0] == pytest.approx(100, abs=1) and timeouts[1] == pytest.approx(400, abs=1)
 
 
 def test_repository_bench_entries_parse():

@@ -15,6 +15,7 @@ script's entry:
         "ratios": {"KromHC / residual, d = 128": "sizes[size=full].rows[arm=kromhc].ratio_to_residual_median"},
         "threads_arg": "--threads",            # optional: how the script takes its thread count
         "out_arg": "--out",                    # optional (default "--out"): where it writes its JSON
+        "seconds": 120,                        # optional: expected wall seconds of one run on an idle machine
     }
 
 The runner adds ``OUT_ARG DIR/<script>_t<threads>.json`` and, when ``threads_arg`` is given, ``THREADS_ARG t``;
@@ -45,7 +46,9 @@ BENCH_BUDGET_S = 900.0
 """``icml26 bench`` over all scripts and both thread counts must fit in this (the issue's 15 minutes)."""
 
 _REQUIRED = {"room": str, "args": list, "ratios": dict}
-_OPTIONAL = {"threads_arg": str, "out_arg": str}
+_OPTIONAL = {"threads_arg": str, "out_arg": str, "seconds": (int, float)}
+DEFAULT_SECONDS = 60.0
+"""Expected seconds of a run whose entry declares none (only used to share the budget out)."""
 
 
 def _git(*args: str) -> str | None:
@@ -159,8 +162,11 @@ def _check_entry(entry: Any, name: str) -> dict[str, Any]:
     for key, kind in {**_REQUIRED, **_OPTIONAL}.items():
         if key in _REQUIRED and key not in entry:
             raise ValueError(f"{name}: BENCH needs {key!r}")
-        if key in entry and not isinstance(entry[key], kind):
-            raise ValueError(f"{name}: BENCH[{key!r}] must be a {kind.__name__}, got {type(entry[key]).__name__}")
+        if key in entry and (not isinstance(entry[key], kind) or isinstance(entry[key], bool)):
+            kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise ValueError(f"{name}: BENCH[{key!r}] must be a {kinds}, got {type(entry[key]).__name__}")
+    if "seconds" in entry and not entry["seconds"] > 0:
+        raise ValueError(f"{name}: BENCH['seconds'] must be positive, got {entry['seconds']}")
     if not all(isinstance(a, str) for a in entry["args"]):
         raise ValueError(f"{name}: BENCH['args'] must be a list of strings")
     if not entry["ratios"] or not all(isinstance(k, str) and isinstance(v, str) for k, v in entry["ratios"].items()):
@@ -296,8 +302,9 @@ def run_benchmarks(rooms: list[str] | None = None, threads: list[int] | tuple[in
                    echo: bool = True) -> tuple[Path, list[dict[str, Any]]]:
     """Run every BENCH script (of ``rooms``) at each thread count; write ``bench.json`` and ``BENCH.md``.
 
-    Each run gets an equal share of what is left of ``budget_s`` as its timeout, so the sweep ends within
-    the budget. Returns the markdown page's path and the records.
+    Each run's timeout is its share of what is left of ``budget_s``, in proportion to the entries' declared
+    ``seconds`` (``DEFAULT_SECONDS`` when absent), so the sweep ends within the budget and time a quick run
+    leaves over goes to the next ones. Returns the markdown page's path and the records.
     """
     threads = list(threads)
     if not threads or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in threads):
@@ -317,7 +324,8 @@ def run_benchmarks(rooms: list[str] | None = None, threads: list[int] | tuple[in
     deadline = time.perf_counter() + budget_s
     records = []
     for i, (script, entry, t) in enumerate(runs):
-        timeout = max(1.0, (deadline - time.perf_counter()) / (len(runs) - i))
+        weights = [e.get("seconds", DEFAULT_SECONDS) for _, e, _ in runs[i:]]
+        timeout = max(1.0, (deadline - time.perf_counter()) * weights[0] / sum(weights))
         if echo:
             print(f"[{i + 1}/{len(runs)}] {script.name} at {t} thread(s) (timeout {timeout:.0f} s) ...", flush=True)
         rec = run_script(script, entry, t, out_dir, timeout, python)
