@@ -1,6 +1,7 @@
 # Two commands for a fresh machine with Python 3.11 and make:
 #   make reproduce   run every registered claim at the quick tier -> results/ and results/report.html
 #   make test        run the test suite
+#   make bench       run the speed benchmarks at 1 and 2 threads -> results/benchmarks/BENCH.md (within 15 minutes)
 # Both create .venv if missing and install the project with its extras, pinned by constraints.txt
 # (CPU build of torch). Users whose index lacks the CPU torch wheel can add the PyTorch CPU index:
 #   make test PIP_EXTRA="--extra-index-url https://download.pytorch.org/whl/cpu"
@@ -18,7 +19,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install reproduce test clean
+.PHONY: install reproduce test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,11 @@ reproduce: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# Every benchmarks/*.py with a BENCH entry, once per thread count in its own process; writes the ratio table
+# the cards quote and one JSON per script and thread count, each with the machine it ran on.
+bench: $(STAMP)
+	$(VENV)/bin/icml26 bench --threads 1 2 --out $(OUT)/benchmarks
 
 clean:
 	rm -rf $(VENV) $(OUT)
