@@ -65,7 +65,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("dare", "trainer", "DARE: dynamic alignment for relaxation in offline-to-online RL",
               "2511.03828", "offline-to-online RL trainer", ("rl",), "done"),
     RoomEntry("feddtl", "trainer", "FedDTL: decoupled training with local reinforcement fine-tuning in federated learning",
-              "2605.27900", "federated vision-language trainer", ("fl", "vision"), "partial"),
+              "2605.27900", "federated vision-language trainer", ("fl", "vision"), "done"),
     RoomEntry("starembed", "science", "StarEmbed: benchmarking time-series foundation models on astronomical light curves",
               "2510.06200", "light-curve embedding benchmark", ("astro", "tabular"), "done"),
     RoomEntry("lokra", "adapter", "LoKRA: low Kruskal-rank adaptation",
