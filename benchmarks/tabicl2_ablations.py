@@ -16,7 +16,8 @@ not used as a budget.
 Resumable: every pretrain resumes from its own ``state.pt``; the JSON is rewritten atomically after every run and
 every evaluation; finished runs are skipped. Rerun the same command after a kill.
 
-    nice -n 10 python benchmarks/tabicl2_ablations.py --steps 120 --eval-batches 4 --out results/benchmarks/tabicl2_ablations_v2.json
+    nice -n 10 python benchmarks/tabicl2_ablations.py --steps 120 --eval-batches 4 \
+        --out results/benchmarks/tabicl2_ablations_v2.json
 """
 
 from __future__ import annotations
