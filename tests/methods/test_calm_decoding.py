@@ -13,7 +13,7 @@ import torch
 from icml26.methods.calm import SPECS
 from icml26.methods.calm.decoding import ContrastiveEncoder, DecodingHead, PatchGRU, PatchMLP
 from icml26.methods.calm.experiments import (_dcfg, _decode_arm, _decode_data, _decode_setup, _label_windows,
-                                             _probe_features, init_model, run_decode_seed)
+                                             _n_labels, _probe_features, init_model, run_decode_seed, tune_decoders)
 from icml26.methods.calm.model import PatchTokenizer
 from icml26.methods.calm.simulator import simulate_session
 
@@ -138,3 +138,18 @@ def test_probe_concat_features_keep_each_neuron_in_its_own_columns():
     np.testing.assert_allclose(cat[:, D:2 * D], h[:, 1].reshape(-1, D).numpy(), rtol=1e-6)
     np.testing.assert_allclose(mean, cat.reshape(-1, 3, D).mean(1), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(_probe_features("raw_probe", d, model, model), d["x"].numpy())
+
+
+def test_per_fraction_tuning_keys_and_values_reach_each_fraction():
+    cfg = {**SPEC.tiers["smoke"], "arms": ["ridge_raw"], "label_fractions": [0.05, 1.0]}
+    assert SPEC.tiers["full"]["tune_per_fraction"] and "tune_per_fraction" not in next(
+        s for s in SPECS if s.id == "probe_latents").tiers["full"]  # the probe's config (and hash) is unchanged
+    tuned = tune_decoders({**cfg, "tune_per_fraction": True})["tuning"]
+    assert set(tuned["chosen"]) == {"ridge_raw@5pct", "ridge_raw@100pct"}
+    prepared = {"tuning": {"chosen": {"ridge_raw@5pct": 1e6, "ridge_raw@100pct": 1e-3}}}
+    out = run_decode_seed(cfg, 0, prepared)
+    _, data, _ = _decode_setup(cfg, 0)
+    for frac, alpha in ((0.05, 1e6), (1.0, 1e-3)):  # each fraction is decoded with its own penalty
+        want = np.mean([_decode_arm("ridge_raw", alpha, d, _n_labels(d, frac), None, cfg, i)
+                        for i, d in enumerate(data)])
+        assert out["arms"]["ridge_raw"][f"r2_{int(100 * frac)}pct"] == pytest.approx(want, abs=1e-12)

@@ -520,24 +520,44 @@ def _n_labels(d: dict, frac: float) -> int:
     return max(2, int(round(frac * d["n_train"])))
 
 
+def _pct(frac: float) -> str:
+    return f"{int(round(100 * frac))}pct"
+
+
+def _decoder_value(prepared: Any, arm: str, frac: float, config: Mapping[str, Any]) -> float:
+    """An arm's tuned rate or penalty at a label fraction: its per-fraction choice ("arm@5pct", v2.1) if tuned per
+    fraction, else its single choice (v1/v2), else (no tuning) its grid centre."""
+    if not prepared:
+        return float(config[f"{arm}_center"])
+    chosen = prepared["tuning"]["chosen"]
+    return float(chosen[f"{arm}@{_pct(frac)}"] if f"{arm}@{_pct(frac)}" in chosen else chosen[arm])
+
+
 def tune_decoders(config: Mapping[str, Any]) -> dict:
     """Per-arm rate (neural decoders) or ridge penalty (ridge_raw, cebra's readout) by the harness rule on tuning
     seed 1000: test R^2 over its targets and every label fraction, reduced by ``tune_reduce`` (v2: the median, so
-    a few wild low-label fits cannot decide; v1: the mean)."""
+    a few wild low-label fits cannot decide; v1: the mean). ``tune_per_fraction`` (v2.1): one choice per arm and
+    label fraction ("arm@5pct"), each scored on that fraction only, since a penalty or rate that suits 8 labels
+    need not suit 160."""
     reduce = np.median if config.get("tune_reduce", "mean") == "median" else np.mean
+    per_fraction = bool(config.get("tune_per_fraction", False))
     torch.set_num_threads(1)
     cache: dict[int, Any] = {}
 
-    def score(arm: str, value: float, seed: int) -> float:
+    def score(key: str, value: float, seed: int) -> float:
         if seed not in cache:
             cache[seed] = _decode_setup(config, seed)
         backbone, data, _ = cache[seed]
+        arm, _, pct = key.partition("@")
+        fracs = [f for f in config["label_fractions"] if not pct or _pct(f) == pct]
         return float(reduce([_decode_arm(arm, value, d, _n_labels(d, f), backbone, config, seed * 100 + i)
-                             for i, d in enumerate(data) for f in config["label_fractions"]]))
+                             for i, d in enumerate(data) for f in fracs]))
 
     arms = [a for a in DECODE_ARMS if a in config["arms"]]
-    grids = {a: LogGrid(center=config[f"{a}_center"], factor=3.0, size=config["lr_grid_size"],
-                        upper=math.inf if DECODE_TUNED[a] == "alpha" else 1.0) for a in arms}
+    keys = [(a, f"{a}@{_pct(f)}") for a in arms for f in config["label_fractions"]] if per_fraction else \
+        [(a, a) for a in arms]
+    grids = {k: LogGrid(center=config[f"{a}_center"], factor=3.0, size=config["lr_grid_size"],
+                        upper=math.inf if DECODE_TUNED[a] == "alpha" else 1.0) for a, k in keys}
     return {"tuning": tune_per_arm(grids, score, mode="max", desc="calm decoders")}
 
 
@@ -548,9 +568,9 @@ def run_decode_seed(config: Mapping[str, Any], seed: int, prepared: Any = None) 
     arms: dict[str, dict] = {}
     for arm in config["arms"]:
         src = "ridge_raw" if (arm == "calm_head" and config.get("null")) else arm  # null: calm becomes ridge
-        value = float(prepared["tuning"]["chosen"][src]) if prepared else float(config[f"{src}_center"])
         arms[arm] = {}
         for f in config["label_fractions"]:
+            value = _decoder_value(prepared, src, f, config)
             r2s = [_decode_arm(src, value, d, _n_labels(d, f), backbone, config, seed * 100 + i)
                    for i, d in enumerate(data)]
             arms[arm][f"r2_{int(round(100 * f))}pct"] = float(np.mean(r2s))
@@ -573,7 +593,7 @@ def run_decode_seed(config: Mapping[str, Any], seed: int, prepared: Any = None) 
 
 
 def _dcfg(**kw: Any) -> dict:
-    base = {**_cfg(), "sim_burn_in": 100, "label_order": "random", "tune_reduce": "median",
+    base = {**_cfg(), "sim_burn_in": 100, "label_order": "random", "tune_reduce": "median", "tune_per_fraction": True,
             "target_train_frames": 1280, "target_test_frames": 1280, "label_fractions": [0.05, 0.2, 1.0],
             "decode_steps": 100, "calm_head_center": 3e-3, "calm_lora_center": 1e-3, "ridge_raw_center": 10.0,
             "mlp_center": 1e-3, "gru_dec_center": 3e-3, "cebra_center": 1.0, "arms": list(DECODE_ARMS)}
@@ -669,7 +689,8 @@ def run_probe_seed(config: Mapping[str, Any], seed: int, prepared: Any = None) -
 
 def _pcfg(**kw: Any) -> dict:
     base = {k: v for k, v in _dcfg().items() if not k.endswith("_center") and k not in ("label_fractions",
-                                                                                      "decode_steps")}
+                                                                                      "decode_steps",
+                                                                                      "tune_per_fraction")}
     base.update({"probe_alpha_center": 1000.0, "probe_features": "concat", "probe_grid_size": 5,
                  "arms": list(PROBE_ARMS)})
     unknown = set(kw) - set(base) - {"null", "checkpoint_dir", "checkpoint_every"}
