@@ -26,8 +26,9 @@ class CalMConfig:
     tokenizer: str = field(default="vqvae", metadata={
         "help": "abstract: single-neuron traces mapped into a shared discrete vocabulary. 'vqvae' (RECON, notes 5.2: "
                 "MLP encoder/decoder, EMA codebook, commitment 0.25), 'fsq' (finite scalar quantisation, K = prod "
-                "of levels), 'rvq' (RECON, notes 5.2: residual VQ, ``rvq_stages`` EMA codebooks of K^(1/stages) codes, the "
-                "token indexes their combination), 'kmeans' (v1/v2: k-means codebook over z-scored patches) or "
+                "of levels), 'rvq' (RECON, notes 5.2: residual VQ, ``rvq_stages`` EMA codebooks of K^(1/stages) "
+                "codes, the token indexes their combination), 'kmeans' (v1/v2: k-means codebook over z-scored "
+                "patches) or "
                 "'continuous' (ablation: linear patch embedding, MSE next-patch objective)"})
     rvq_stages: int = field(default=2, metadata={
         "help": "residual stages of tokenizer='rvq' (ours; SoundStream-style); codebook_size must be k**rvq_stages"})
