@@ -12,7 +12,10 @@ FiX (per-channel decay, ``fix_attention_chunked``)
     right block of every sibling pair attends to the left block through the boundary between them. Every pair is
     covered once, with O(R dv) element-wise work per level; pairs inside a leaf of C positions use the explicit
     C x C x dv decay, exponentiated only where j <= i. Keys before the super-block (earlier tokens, and a decode
-    cache) use the super-block's start as boundary. Nothing overflows; underflow to 0 is real forgetting. The log
+    cache) use the super-block's start as boundary: that part is plain softmax attention over values decayed to the
+    boundary (one in-place decay buffer, ``_EarlyDecay``), run on CPU by torch's fused flash-attention kernel and
+    merged by its log-sum-exp (``_early_attend``, ``_early_grads``; ``FUSED_EARLY = False`` or another device uses
+    plain matmuls). Nothing overflows; underflow to 0 is real forgetting. The log
     decays are float32 sums local to each tree block, never differences of long prefix sums, so they keep float32
     precision relative to their own size however large |Lambda| grows (see ``_Geometry``).
 
@@ -49,7 +52,8 @@ from torch.autograd.function import once_differentiable
 MAX_BLOCK_SCORES = 1 << 20
 # Rows per super-block. Each tree level costs about ten element-wise passes over the rows (R/2 x d values), so
 # taller super-blocks add levels; keys before a super-block cost a dense pass instead. 256 was fastest on CPU at
-# d = 64 for T = 1024 and T = 4096 (benchmarks/fix_attention_speed.py; 1024 rows were 15-20% slower).
+# d = 64 for T = 1024 and T = 4096 (benchmarks/fix_attention_speed.py; 1024 rows were 15-20% slower). With the
+# fused earlier-key path (issue 15) 512 rows were no faster at T = 1024 and cost more memory (README, Speed).
 MAX_BLOCK_ROWS = 256
 
 
