@@ -7,8 +7,9 @@ For Hugging Face (when ``transformers`` is installed): ``KromHCLMConfig`` / ``Kr
 type "icml26_kromhc") and :func:`convert_to_hyper_connections`, which turns a Llama / Mistral / Qwen2 / Qwen3 causal
 LM's residual into n hyper-connected streams (types "icml26_kromhc_llama", ...). Importing this package registers
 all of them with ``AutoConfig`` / ``AutoModelForCausalLM``, so a saved model reloads with
-``AutoModelForCausalLM.from_pretrained(dir)`` after ``import icml26.methods.kromhc``. That import therefore imports
-transformers when it is installed (about 3 s once); without it the TinyLM parts work alone.
+``AutoModelForCausalLM.from_pretrained(dir)`` after ``import icml26.methods.kromhc`` (or only ``import icml26``,
+whose deferred entries import this package when transformers first needs the classes: icml26.models.auto). This
+package therefore imports transformers when it is installed; without it the TinyLM parts work alone.
 """
 
 from __future__ import annotations
