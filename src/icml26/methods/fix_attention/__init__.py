@@ -5,8 +5,10 @@ For TinyLM: the layers, the factory and the kernels. For Hugging Face (when ``tr
 Llama / Mistral / Qwen2 / Qwen3 causal LM into FiX or FoX attention (types "icml26_fix_llama", ...).
 
 Importing this package registers all of them with ``AutoConfig`` / ``AutoModelForCausalLM``, so a saved model
-reloads with ``AutoModelForCausalLM.from_pretrained(dir)`` after ``import icml26.methods.fix_attention``. That
-import therefore imports transformers when it is installed (about 3 s once); without it the TinyLM parts work alone.
+reloads with ``AutoModelForCausalLM.from_pretrained(dir)`` after ``import icml26.methods.fix_attention`` (or only
+``import icml26``, whose deferred entries import this package when transformers first needs the classes:
+icml26.models.auto). This package therefore imports transformers when it is installed; without it the TinyLM parts
+work alone.
 """
 
 from __future__ import annotations

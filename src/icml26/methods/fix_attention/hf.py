@@ -4,7 +4,7 @@
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(FixLMConfig(d_model=128, n_layers=4, attention="fix"))
-    model.save_pretrained("out"); AutoModelForCausalLM.from_pretrained("out")   # after importing the room
+    model.save_pretrained("out"); AutoModelForCausalLM.from_pretrained("out")   # in any process that ran `import icml26`
 
 Every :class:`~icml26.methods.fix_attention.config.FixConfig` field is a config field of the same name, except two
 that TinyLM's config already owns: the attention output-norm eps is ``attention_norm_eps`` (``norm_eps`` is TinyLM's
