@@ -11,7 +11,7 @@ import torch
 from icml26.methods.feddtl.config import EncoderConfig, FedDTLConfig
 from icml26.methods.feddtl.data import (dirichlet_partition, label_skew, make_task, pathological_partition,
                                         render_compositional)
-from icml26.methods.feddtl.model import DualEncoder, WordTokenizer, pretrain
+from icml26.methods.feddtl.model import WordTokenizer, pretrain
 from icml26.methods.feddtl.reference import (build_model, client_update, fedavg, init_server, rl_loss,
                                              run_federation, server_update)
 

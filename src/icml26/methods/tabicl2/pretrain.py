@@ -41,7 +41,7 @@ from icml26.core.io import atomic_write_bytes
 
 from .config import TabICLConfig
 from .muon import Muon
-from .prior import PriorConfig, sample_batch
+from .prior import sample_batch
 from .reference import TabICL, pinball_loss
 
 
