@@ -21,8 +21,8 @@ import time
 
 ARMS = ("mezo", "adamezo", "adam")
 
-BENCH = {"room": "adamezo", "args": ["--models", "smollm2", "--modes", "lora", "full", "--rounds", "3"],
-         "threads_arg": "--threads", "seconds": 150,
+BENCH = {"room": "adamezo", "args": ["--models", "smollm2", "--modes", "lora", "full", "--rounds", "2"],
+         "threads_arg": "--threads", "seconds": 160,
          "ratios": {"AdaMeZO / MeZO step, SmolLM2 LoRA-ZO":
                         "runs[mode=lora].rows[arm=adamezo].ratio_to_mezo_of_medians",
                     "AdaMeZO / MeZO step, SmolLM2 full": "runs[mode=full].rows[arm=adamezo].ratio_to_mezo_of_medians"}}

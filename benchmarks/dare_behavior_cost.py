@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 
-BENCH = {"room": "dare", "args": ["--rounds", "10"], "threads_arg": "--threads", "seconds": 30,
+BENCH = {"room": "dare", "args": ["--rounds", "10"], "threads_arg": "--threads", "seconds": 10,
          "ratios": {"diffusion / Gaussian kl_mean score (B 256, K 10, T 10)":
                         "rows[model=diffusion,score=kl_mean].ratio_to_gaussian",
                     "guided diffusion / Gaussian kl_mean score":

@@ -31,7 +31,8 @@ import time
 KERNELS = ("sdpa", "fox", "fix")
 LAYERS = ("softmax", "fox", "fix")
 
-BENCH = {"room": "fix_attention", "args": ["--rounds", "5", "--decode-steps", "24"], "threads_arg": "--threads",
+BENCH = {"room": "fix_attention", "args": ["--rounds", "3", "--decode-steps", "16"], "threads_arg": "--threads",
+         "seconds": 110,
          "ratios": {"FiX / SDPA fwd+bwd, T = 1024": "runs[0].rows[part=timing,T=1024].ratio_to_sdpa_median.fix",
                     "FiX / SDPA fwd+bwd, T = 4096": "runs[0].rows[part=timing,T=4096].ratio_to_sdpa_median.fix",
                     "FoX / SDPA fwd+bwd, T = 1024": "runs[0].rows[part=timing,T=1024].ratio_to_sdpa_median.fox",

@@ -21,7 +21,7 @@ import torch
 
 BENCH = {"room": "kromhc", "args": ["--sizes", "full", "--arms", "residual", "kromhc", "mhc_lite", "hc", "--rounds",
                                    "5"],
-         "threads_arg": "--threads", "seconds": 90,
+         "threads_arg": "--threads", "seconds": 30,
          "ratios": {"KromHC / residual step, d = 128": "sizes[size=full].rows[arm=kromhc].ratio_to_residual_median",
                     "mHC-lite / residual step, d = 128":
                         "sizes[size=full].rows[arm=mhc_lite].ratio_to_residual_median",

@@ -16,7 +16,7 @@ import time
 
 
 BENCH = {"room": "lockin", "args": ["--repeats", "5"], "threads_arg": "--threads",
-         "seconds": 20,
+         "seconds": 15,
          "ratios": {"probe (Hessian) / plain Adam step": "observe_hessian_over_plain_step",
                     "projected step / plain Adam step": "project_step_over_plain_step"}}
 

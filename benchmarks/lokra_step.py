@@ -21,7 +21,7 @@ ARMS = ("lora", "lokra", "lokra_soft_max", "lokra_plus")
 TARGET_RATIO = 1.3
 
 BENCH = {"room": "lokra", "args": ["--models", "tiny", "--arms", "lora", "lokra", "--steps", "5"],
-         "seconds": 30,
+         "seconds": 25,
          "ratios": {"LoKRA / LoRA step, tiny LM (separate processes)": "rows[arm=lokra].step_time_ratio_to_lora",
                     "LoKRA with / without penalty, paired": "rows[arm=lokra].paired_ratio_with_over_without_penalty"}}
 

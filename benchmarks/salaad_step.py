@@ -24,7 +24,7 @@ import time
 ARMS = ("plain", "salaad")
 
 BENCH = {"room": "salaad", "args": ["--models", "tiny", "--steps", "10"],
-         "seconds": 40,
+         "seconds": 25,
          "ratios": {"SALAAD / plain mean step, tiny LM": "rows[arm=salaad].mean_step_ratio_to_plain"}}
 MODELS = {
     # name: (d_model, n_layers, n_heads, seq_len, batch)
