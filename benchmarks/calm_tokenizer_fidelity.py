@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--kinds", nargs="+", default=["kmeans", "vqvae", "fsq", "rvq"])
     ap.add_argument("--rvq-stages", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/calm_tokenizer_fidelity.json")
+    ap.add_argument("--out", default="results/benchmarks/calm_tokenizer_fidelity.json")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     P, K, rows = a.patch_len, a.codebook_size, []

@@ -3,7 +3,7 @@ a GoalPolicy copy per task with its own Adam) against the batched K-task program
 ``finetune.bc_step``), arms interleaved round after round so machine load hits both alike. Writes JSON with
 every time, the medians and the speed-up (CPU process time and wall time).
 
-    python benchmarks/pgt_batched.py --tasks 8 --steps 200 --rounds 3 --out benchmarks/results/pgt_batched.json
+    python benchmarks/pgt_batched.py --tasks 8 --steps 200 --rounds 3 --out results/benchmarks/pgt_batched.json
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 import statistics
 import time
 
@@ -23,14 +21,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200, help="DPO / BC steps timed per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default="benchmarks/results/pgt_batched.json")
+    ap.add_argument("--out", default="results/benchmarks/pgt_batched.json")
     args = ap.parse_args()
     if args.tasks < 1 or args.steps < 1 or args.rounds < 1:
         raise ValueError("--tasks, --steps and --rounds must be >= 1")
 
     import torch
 
-    from icml26.core.io import atomic_write_json
+    from icml26.harness.bench import machine_info, write_bench_json
     from icml26.methods.pgt import finetune as ft
     from icml26.methods.pgt.config import PGTConfig
     from icml26.methods.pgt.pgt import tune_latent, tune_latents
@@ -38,6 +36,7 @@ def main() -> None:
     from icml26.methods.pgt.policy import GoalPolicy
 
     torch.set_num_threads(args.threads)
+    machine = machine_info(args.threads)
     torch.manual_seed(0)
     k, horizon = args.tasks, 40
     pol = GoalPolicy()
@@ -84,11 +83,10 @@ def main() -> None:
             times[name]["wall_s"].append(time.perf_counter() - w)
     med = {name: {key: statistics.median(v) for key, v in t.items()} for name, t in times.items()}
     out = {"benchmark": "pgt_batched", "tasks": k, "steps_per_task": epochs * 20, "rounds": args.rounds,
-           "threads": args.threads, "torch": torch.__version__, "platform": platform.platform(),
-           "load_average": os.getloadavg(), "times": times, "median": med,
+           "threads": args.threads, "times": times, "median": med,
            "speedup_cpu": {"pgt": med["pgt_loop"]["cpu_s"] / med["pgt_batched"]["cpu_s"],
                            "full_ft": med["ft_loop"]["cpu_s"] / med["ft_batched"]["cpu_s"]}}
-    atomic_write_json(args.out, out)
+    write_bench_json(args.out, out, machine)
     print(json.dumps({"median": med, "speedup_cpu": out["speedup_cpu"]}, indent=1))
 
 

@@ -5,7 +5,7 @@ sherpa, kd_full, lora, full_ft) under the same tuning rule, through the harness 
 atomic result file). The claims' verdicts come from ``icml26 reproduce sherpa --tier quick``; this run only adds the
 arms that do not fit that budget (the full tier runs them at 300 steps and 5 seeds).
 
-    python benchmarks/sherpa_ablations.py --out benchmarks/results/sherpa_ablations
+    python benchmarks/sherpa_ablations.py --out results/benchmarks/sherpa_ablations
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="benchmarks/results/sherpa_ablations")
+    ap.add_argument("--out", default="results/benchmarks/sherpa_ablations")
     ap.add_argument("--seeds", type=int, default=None)
     args = ap.parse_args()
     import torch

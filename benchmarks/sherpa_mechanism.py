@@ -9,7 +9,7 @@ On the tuning seed's data only (seed 1000; never a reported seed) it measures
   against lambda_g = 0 (task Dice of these two runs is not computed: that is the claim's job).
 Writes JSON atomically.
 
-    python benchmarks/sherpa_mechanism.py --out benchmarks/results/sherpa_mechanism.json
+    python benchmarks/sherpa_mechanism.py --out results/benchmarks/sherpa_mechanism.json
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="benchmarks/results/sherpa_mechanism.json")
+    ap.add_argument("--out", default="results/benchmarks/sherpa_mechanism.json")
     ap.add_argument("--tier", default="quick")
     args = ap.parse_args()
     torch.set_num_threads(1)
