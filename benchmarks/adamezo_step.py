@@ -22,14 +22,23 @@ import time
 ARMS = ("mezo", "adamezo", "adam")
 
 BENCH = {"room": "adamezo", "args": ["--models", "smollm2", "--modes", "lora", "full", "--rounds", "2"],
-         "threads_arg": "--threads", "seconds": 160,
+         "threads_arg": "--threads", "seconds": 180,
          "ratios": {"AdaMeZO / MeZO step, SmolLM2 LoRA-ZO":
                         "runs[mode=lora].rows[arm=adamezo].ratio_to_mezo_of_medians",
                     "AdaMeZO / MeZO step, SmolLM2 full": "runs[mode=full].rows[arm=adamezo].ratio_to_mezo_of_medians"}}
 
 
+_BASE_MODELS: dict = {}
+
+
 def build(model_name: str, mode: str):
-    """(model, closure, trainable parameters); the closure is the batch loss (4 x 64 tokens for SmolLM2)."""
+    """(model, closure, warm-up closure, trainable parameters); the closure is the timed batch loss (4 x 64 tokens
+    for SmolLM2), the warm-up closure the loss of a 1 x 8 batch.
+
+    The warm-up steps only have to move AdaMeZO past its MeZO phase (how long an adaptive step takes does not depend
+    on the losses it has seen), so they run on the short batch. SmolLM2 is loaded once per process: "full" runs
+    before "lora" (``main`` orders them), and LoRA wraps the same base model afterwards.
+    """
     import torch
 
     torch.manual_seed(0)
@@ -39,25 +48,31 @@ def build(model_name: str, mode: str):
         model = TinyLM(TinyLMConfig(d_model=128, n_layers=4, n_heads=4, max_seq_len=256))
         ids = torch.randint(0, 256, (8, 256))
         loss_fn = lambda: model(ids[:, :-1], ids[:, 1:])[1]  # noqa: E731
+        warm_fn = lambda: model(ids[:1, :8], ids[:1, 1:9])[1]  # noqa: E731
     else:
         from icml26.models.smollm2 import load_smollm2
 
-        model, _ = load_smollm2()
+        if "smollm2" not in _BASE_MODELS:
+            _BASE_MODELS["smollm2"] = load_smollm2()[0]
+        model = _BASE_MODELS["smollm2"]
         ids = torch.randint(0, model.config.vocab_size, (4, 64))
         loss_fn = lambda: model(input_ids=ids, labels=ids).loss  # noqa: E731
+        warm_fn = lambda: model(input_ids=ids[:1, :8], labels=ids[:1, :8]).loss  # noqa: E731
     if mode == "lora":
         import peft
 
-        targets = ["q_proj", "v_proj"] if model_name == "smollm2" else None
-        if targets is None:
+        if model_name != "smollm2":
             raise ValueError("mode 'lora' needs a transformers model (--models smollm2)")
-        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                                           target_modules=targets))
+        if "smollm2-lora" not in _BASE_MODELS:  # injected once: a second get_peft_model would wrap it again
+            _BASE_MODELS["smollm2-lora"] = peft.get_peft_model(
+                model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
+        model = _BASE_MODELS["smollm2-lora"]
     model.eval()
-    return model, loss_fn, [p for p in model.parameters() if p.requires_grad]
+    return model, loss_fn, warm_fn, [p for p in model.parameters() if p.requires_grad]
 
 
-def make_step(arm: str, params, loss_fn, window: int):
+def make_step(arm: str, params, window: int):
+    """(optimizer, step(closure), warm-up steps): AdaMeZO is warmed past its MeZO phase (window + 1 steps)."""
     import torch
 
     from icml26.methods.adamezo import AdaMeZO, MeZO
@@ -65,13 +80,13 @@ def make_step(arm: str, params, loss_fn, window: int):
     if arm == "adam":
         opt = torch.optim.Adam(params, lr=1e-5)
 
-        def step():
+        def step(closure):
             opt.zero_grad(set_to_none=True)
-            loss_fn().backward()
+            closure().backward()
             opt.step()
         return opt, step, 1
     opt = MeZO(params, lr=1e-7) if arm == "mezo" else AdaMeZO(params, lr=1e-7, window=window)
-    return opt, (lambda: opt.step(loss_fn)), (window + 1 if arm == "adamezo" else 1)
+    return opt, opt.step, (window + 1 if arm == "adamezo" else 1)
 
 
 def measure(model_name: str, mode: str, arms: list[str], threads: int, rounds: int, window: int) -> dict:
@@ -81,17 +96,18 @@ def measure(model_name: str, mode: str, arms: list[str], threads: int, rounds: i
 
     torch.set_num_threads(threads)
     info = machine_info(threads)
-    model, loss_fn, params = build(model_name, mode)
+    model, loss_fn, warm_fn, params = build(model_name, mode)
     steps = {}
     for arm in arms:
-        opt, steps[arm], warm = make_step(arm, params, loss_fn, window)
-        for _ in range(warm + 1):  # past AdaMeZO's MeZO phase, plus one step of first-call allocations
-            steps[arm]()
+        opt, steps[arm], warm = make_step(arm, params, window)
+        for _ in range(warm):  # past AdaMeZO's MeZO phase, on the short batch
+            steps[arm](warm_fn)
+        steps[arm](loss_fn)  # one untimed step on the timed batch: first-call allocations at its shapes
     wall = {arm: [] for arm in arms}
     for _ in range(rounds):
         for arm in arms:
             start = time.perf_counter()
-            steps[arm]()
+            steps[arm](loss_fn)
             wall[arm].append(time.perf_counter() - start)
     rows = []
     for arm in arms:
@@ -108,11 +124,11 @@ def peak_worker(model_name: str, mode: str, arm: str, window: int) -> dict:
     """Peak RSS of one arm alone (run in its own process)."""
     from icml26.core.memory import current_rss_bytes, optimizer_state_bytes
 
-    _, loss_fn, params = build(model_name, mode)
+    _, loss_fn, _, params = build(model_name, mode)
     base = current_rss_bytes()
-    opt, step, warm = make_step(arm, params, loss_fn, window)
+    opt, step, warm = make_step(arm, params, window)
     for _ in range(warm + 2):
-        step()
+        step(loss_fn)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"model": model_name, "mode": mode, "arm": arm, "peak_rss_bytes": peak, "rss_after_model_bytes": base,
             "optimizer_state_bytes": optimizer_state_bytes(opt)}
@@ -143,7 +159,9 @@ def main() -> None:
     machine = machine_info(max(args.threads))
     runs = []
     for model_name in args.models:
-        for mode in (args.modes if model_name == "smollm2" else ["full"]):
+        # "full" before "lora": LoRA wraps the loaded base model in place (see ``build``).
+        modes = sorted(args.modes, key=("full", "lora").index) if model_name == "smollm2" else ["full"]
+        for mode in modes:
             for threads in args.threads:
                 print(f"benchmarking {model_name} / {mode} / {threads} thread(s) ...", file=sys.stderr, flush=True)
                 run = measure(model_name, mode, args.arms, threads, args.rounds, args.window)
