@@ -116,14 +116,21 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .harness.bench import run_benchmarks
+    from .harness.bench import run_benchmarks, update_cards
 
     try:
+        if args.cards_from:
+            for card in update_cards(args.cards_from):
+                print(f"wrote {card}")
+            return 0
         page, records = run_benchmarks(args.rooms or None, args.threads, Path(args.out), budget_s=args.budget)
+        print(f"wrote {page}")
+        if args.cards:
+            for card in update_cards(Path(args.out) / "bench.json"):
+                print(f"wrote {card}")
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {page}")
     return 0 if all(r["status"] == "ok" for r in records) else 1
 
 
@@ -170,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", nargs="+", type=_positive_int, default=[1, 2], help="thread counts (default 1 2)")
     p.add_argument("--out", default="results/benchmarks", help="directory for the JSONs and BENCH.md")
     p.add_argument("--budget", type=float, default=900.0, help="seconds for the whole sweep (default 900)")
+    p.add_argument("--cards", action="store_true", help="then write each benchmarked room's rows into its card "
+                   "(between its bench markers)")
+    p.add_argument("--cards-from", metavar="BENCH_JSON", help="only write the cards' tables from a recorded "
+                   "bench.json (runs nothing)")
     p.set_defaults(func=_cmd_bench)
 
     # prefix_chars "\0": the options after `feddtl` are not icml26's; they go whole to the deployment's own parser

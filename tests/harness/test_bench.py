@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,64 @@ def test_cli_bench_refuses_a_room_without_a_bench_entry(capsys):
     assert main(["bench", "sherpa", "--threads", "1", "--out", "/nonexistent-never-created"]) == 2
     assert "no benchmark script declares a BENCH entry for room(s) ['sherpa']" in capsys.readouterr().err
     assert not os.path.exists("/nonexistent-never-created")
+
+
+def _card(methods, room, body):
+    card = methods / room / "README.md"
+    card.parent.mkdir(parents=True, exist_ok=True)
+    card.write_text(body)
+    return card
+
+
+def test_cards_get_their_rooms_rows_from_a_recorded_run(tmp_path):
+    scripts = tmp_path / "benchmarks"
+    _write(scripts, "fake_step.py", FAKE)
+    _write(scripts, "other_step.py", FAKE.replace("fakeroom", "otherroom"))
+    bench.run_benchmarks(None, [1, 2], tmp_path / "out", bench_dir=scripts, budget_s=120, echo=False)
+    methods = tmp_path / "methods"
+    fake = _card(methods, "fakeroom",
+                 f"# fake\n## Speed\nbefore\n{bench.CARD_BEGIN}\nstale row\n{bench.CARD_END}\nafter\n")
+    other = _card(methods, "otherroom", f"{bench.CARD_BEGIN}\n{bench.CARD_END}\n")
+    written = bench.update_cards(tmp_path / "out" / "bench.json", methods)
+    assert sorted(written) == sorted([fake, other])
+    text = fake.read_text()
+    assert text.startswith("# fake\n## Speed\nbefore\n") and text.endswith(f"{bench.CARD_END}\nafter\n")
+    assert "stale row" not in text and "otherroom" not in text
+    assert "| `fake_step.py` | method / base | 2.00× | 4.00× |" in text
+    sha = json.loads((tmp_path / "out" / "bench.json").read_text())["runs"][0]["machine"]["git_sha"]
+    assert f"commit `{sha[:12]}`" in text
+    # Regenerating from the same JSON changes nothing.
+    bench.update_cards(tmp_path / "out" / "bench.json", methods)
+    assert fake.read_text() == text
+
+
+def test_cards_without_markers_are_refused_before_any_is_written(tmp_path):
+    scripts = tmp_path / "benchmarks"
+    _write(scripts, "fake_step.py", FAKE)
+    _write(scripts, "other_step.py", FAKE.replace("fakeroom", "otherroom"))
+    bench.run_benchmarks(None, [1], tmp_path / "out", bench_dir=scripts, budget_s=120, echo=False)
+    methods = tmp_path / "methods"
+    fake = _card(methods, "fakeroom", f"{bench.CARD_BEGIN}\nold\n{bench.CARD_END}\n")
+    _card(methods, "otherroom", "# a card without markers\n")
+    with pytest.raises(ValueError, match="otherroom/README.md: needs one"):
+        bench.update_cards(tmp_path / "out" / "bench.json", methods)
+    assert fake.read_text() == f"{bench.CARD_BEGIN}\nold\n{bench.CARD_END}\n"
+    (tmp_path / "bad.json").write_text("[]")
+    with pytest.raises(ValueError, match="not a bench.json"):
+        bench.update_cards(tmp_path / "bad.json", methods)
+
+
+def test_repository_cards_carry_the_markers_of_every_benchmarked_room():
+    methods = Path(bench.__file__).resolve().parents[1] / "methods"
+    for room in {entry["room"] for _, entry in bench.discover()}:
+        text = (methods / room / "README.md").read_text()
+        assert text.count(bench.CARD_BEGIN) == 1 and text.count(bench.CARD_END) == 1, room
+
+
+def test_cli_cards_from_names_a_bad_file(tmp_path, capsys):
+    from icml26.cli import main
+
+    bad = tmp_path / "bench.json"
+    bad.write_text('{"runs": []}')
+    assert main(["bench", "--cards-from", str(bad)]) == 2
+    assert "not a bench.json with runs" in capsys.readouterr().err
