@@ -15,7 +15,11 @@ FiX (per-channel decay, ``fix_attention_chunked``)
     cache) use the super-block's start as boundary: that part is plain softmax attention over values decayed to the
     boundary (one in-place decay buffer, ``_EarlyDecay``), run on CPU by torch's fused flash-attention kernel and
     merged by its log-sum-exp (``_early_attend``, ``_early_grads``; ``FUSED_EARLY = False`` or another device uses
-    plain matmuls). Nothing overflows; underflow to 0 is real forgetting. The log
+    plain matmuls). A tree level has the same structure (the right blocks attend to the left blocks through one
+    boundary), so on the fused path the levels of at least ``FUSED_LEVEL_MIN`` positions run through the same kernel,
+    all sibling pairs of a level in one call; a super-block then spans the whole sequence (up to ``MAX_FUSED_ROWS``),
+    its leaves and small levels done chunk by chunk (``CHUNK_ROWS``) and its large levels over all rows at once.
+    Nothing overflows; underflow to 0 is real forgetting. The log
     decays are float32 sums local to each tree block, never differences of long prefix sums, so they keep float32
     precision relative to their own size however large |Lambda| grows (see ``_Geometry``).
 
@@ -75,15 +79,17 @@ def _key_mask_column(key_mask: torch.Tensor, b: int, n_keys: int, dtype: torch.d
     return torch.where(key_mask, zero, MASKED_LOGIT).to(dtype)[:, None, :, None]
 
 
-def _plan(t: int, n_pre: int, leaf: int, max_block_scores: int, max_rows: int) -> int:
+def _plan(t: int, n_pre: int, leaf: int, max_block_scores: int, max_rows: int, fused: bool) -> int:
     """Super-block rows R = leaf * 2^L: the largest that is at most ``max_rows``, whose padding adds at most 1/8 to
-    T (or one leaf) and whose score rows fit ``max_block_scores`` per (batch, head)."""
+    T (or one leaf) and whose scores fit ``max_block_scores`` per (batch, head): all R (P + T) of them on the plain
+    path, the largest manual tree level's R/2 x M when large levels and earlier keys are fused."""
     limit = max(t + t // 8, -(-t // leaf) * leaf)
     rows, best = leaf, leaf
     while rows < t and 2 * rows <= max_rows:
         rows *= 2
         padded = -(-t // rows) * rows
-        if rows * (n_pre + padded) > max_block_scores:
+        scores = rows // 2 * min(rows // 2, FUSED_LEVEL_MIN // 2) if fused else rows * (n_pre + padded)
+        if scores > max_block_scores:
             break
         if padded <= limit:
             best = rows
@@ -97,8 +103,20 @@ def _reverse_exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat((suffix.narrow(dim, 1, x.shape[dim] - 1), torch.zeros_like(x.narrow(dim, 0, 1))), dim)
 
 
+def _leaf_suffix(x: torch.Tensor) -> torch.Tensor:
+    """``_reverse_exclusive_cumsum(x, 3)`` of (B, H, n, C, dv) leaves by C - 1 slice additions, summed in the same
+    order (no flip copies; C is small)."""
+    out = torch.empty_like(x)
+    c = x.shape[3]
+    out[:, :, :, c - 1].zero_()
+    for j in range(c - 2, -1, -1):
+        torch.add(out[:, :, :, j + 1], x[:, :, :, j + 1], out=out[:, :, :, j])
+    return out
+
+
 class _Geometry:
-    """Shapes, views and decay factors of one super-block, shared by the forward and the backward pass.
+    """Shapes, views and decay factors of one chunk of a super-block (at most ``CHUNK_ROWS`` rows), shared by the
+    forward and the backward pass.
 
     Precision without float64: every log gate is <= 0, so a running sum of them only grows in magnitude and a
     float32 prefix or suffix sum is accurate *relative to its own value*. A difference Lambda_i - Lambda_j of two
@@ -106,21 +124,23 @@ class _Geometry:
     here is formed as such a difference: the tree levels use decays local to their blocks, built bottom-up from
     block totals (``levels``), and only leaves (at most C - 1 terms) take differences.
 
-    Attributes after construction: ``to_start`` (B, H, R, dv) exp(Lambda_i - Lambda_{s0-1}), the decay from the
-    position before the super-block; ``leaf_decay`` (B, H, R/C, C, C, dv) the explicit decay inside leaves (1 where
-    j > i, where the weights are 0); ``causal`` (C, C).
+    Attributes after construction: ``leaf_decay`` (B, H, R/C, C, C, dv) the explicit decay inside leaves (1 where
+    j > i, where the weights are 0); ``causal`` (C, C). After ``levels`` is exhausted: ``prefix`` (B, H, R, dv)
+    exp(Lambda_i - Lambda_{c0-1}), the decay from the position before the chunk, and ``suffix`` exp(Lambda_{c1-1} -
+    Lambda_j), the decay to the chunk's last position.
     """
 
-    def __init__(self, lf_s: torch.Tensor, leaf: int) -> None:
+    def __init__(self, lf_s: torch.Tensor, leaf: int, workspace: torch.Tensor | None = None) -> None:
+        """``workspace``: an optional (B, H, R/C, C, C, dv) buffer for the leaf decays, reused from chunk to chunk
+        (a fresh multi-MiB allocation per chunk costs page faults)."""
         b, h, r, dv = lf_s.shape
         self.shape, self.leaf, self.dtype = (b, h, r, dv), leaf, lf_s.dtype
         self.log_f = lf_s
-        self.to_start = lf_s.cumsum(2).exp_()
         self.causal = torch.ones(leaf, leaf, dtype=torch.bool, device=lf_s.device).tril()
         lam_leaf = lf_s.view(b, h, r // leaf, leaf, dv).cumsum(3)
         # For j > i the difference is >= 0; clamping it to 0 keeps the exp finite, and the softmax weight of
         # those pairs is exactly 0 wherever the decay is used, so no mask is needed here.
-        self.leaf_decay = (lam_leaf.unsqueeze(4) - lam_leaf.unsqueeze(3)).clamp_max_(0.0).exp_()
+        self.leaf_decay = torch.sub(lam_leaf.unsqueeze(4), lam_leaf.unsqueeze(3), out=workspace).clamp_max_(0.0).exp_()
         self._leaf_prefix = lam_leaf
 
     def leaf_view(self, x: torch.Tensor) -> torch.Tensor:
@@ -128,33 +148,40 @@ class _Geometry:
         return x.view(b, h, r // self.leaf, self.leaf, x.shape[-1])
 
     def levels(self):
-        """Yield (pair, q_decay, k_decay) per tree level: ``pair(x)`` splits (B, H, R, .) into the (right, left)
-        blocks of every sibling pair; q_decay = exp(Lambda_i - Lambda_b) on the right block, k_decay =
-        exp(Lambda_b - Lambda_j) on the left block, b the last position of the left block.
-
-        With blocks of M positions, ``prefix`` holds the decay from each block's start to i inclusive and
-        ``suffix`` the decay from j (exclusive) to its block's end: q_decay is the right block's prefix and k_decay
-        the left block's suffix. Merging two siblings into a block of 2M multiplies the right prefix by the left
-        block's total decay and the left suffix by the right block's: in log terms, sums of same-sign terms only.
-        Keeping decays rather than log sums means one multiply per level instead of an exp.
-        """
+        """The chunk's tree levels above its leaves (``_tree_levels``)."""
         b, h, r, dv = self.shape
-        prefix = self._leaf_prefix.reshape(b, h, r, dv).exp()
-        suffix = _reverse_exclusive_cumsum(self.leaf_view(self.log_f), 3).exp_().view(b, h, r, dv)
-        size = self.leaf
-        while size < r:
-            split = (b, h, r // (2 * size), 2, size)
+        self.prefix = self._leaf_prefix.reshape(b, h, r, dv).exp()
+        self.suffix = _leaf_suffix(self.leaf_view(self.log_f)).exp_().view(b, h, r, dv)
+        return _tree_levels(self.prefix, self.suffix, self.leaf)
 
-            def pair(x: torch.Tensor, split=split) -> tuple[torch.Tensor, torch.Tensor]:
-                halves = x.view(*split, x.shape[-1])
-                return halves[:, :, :, 1], halves[:, :, :, 0]
 
-            pre, suf = prefix.view(*split, dv), suffix.view(*split, dv)
-            # Views: the caller uses them within its loop iteration, before the merge below changes them.
-            yield pair, pre[:, :, :, 1], suf[:, :, :, 0]
-            suf[:, :, :, 0] *= pre[:, :, :, 1, -1:]          # right block's total, before its prefix moves
-            pre[:, :, :, 1] *= pre[:, :, :, 0, -1:]          # left block's total
-            size *= 2
+def _tree_levels(prefix: torch.Tensor, suffix: torch.Tensor, size: int):
+    """Yield (size, pair, q_decay, k_decay) per tree level over (B, H, R, .) rows, from blocks of ``size`` = M
+    positions up to M = R/2: ``pair(x)`` splits (B, H, R, .) into the (right, left) blocks of every sibling pair;
+    q_decay = exp(Lambda_i - Lambda_b) on the right block, k_decay = exp(Lambda_b - Lambda_j) on the left block, b the
+    last position of the left block.
+
+    With blocks of M positions, ``prefix`` holds the decay from each block's start to i inclusive and ``suffix``
+    the decay from j (exclusive) to its block's end: q_decay is the right block's prefix and k_decay the left
+    block's suffix. Merging two siblings into a block of 2M multiplies the right prefix by the left block's total
+    decay and the left suffix by the right block's: in log terms, sums of same-sign terms only. Keeping decays
+    rather than log sums means one multiply per level instead of an exp. Both are updated in place: once exhausted,
+    they hold the decays to the start and the end of the R rows.
+    """
+    b, h, r, dv = prefix.shape
+    while size < r:
+        split = (b, h, r // (2 * size), 2, size)
+
+        def pair(x: torch.Tensor, split=split) -> tuple[torch.Tensor, torch.Tensor]:
+            halves = x.view(*split, x.shape[-1])
+            return halves[:, :, :, 1], halves[:, :, :, 0]
+
+        pre, suf = prefix.view(*split, dv), suffix.view(*split, dv)
+        # Views: the caller uses them within its loop iteration, before the merge below changes them.
+        yield size, pair, pre[:, :, :, 1], suf[:, :, :, 0]
+        suf[:, :, :, 0] *= pre[:, :, :, 1, -1:]          # right block's total, before its prefix moves
+        pre[:, :, :, 1] *= pre[:, :, :, 0, -1:]          # left block's total
+        size *= 2
 
 
 # Earlier keys of a super-block through torch's fused flash-attention CPU kernel (it returns the row log-sum-exp,
@@ -165,6 +192,27 @@ FUSED_EARLY = True
 def _fused(x: torch.Tensor) -> bool:
     return (FUSED_EARLY and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"))
+
+
+# Tree levels with blocks of at least this many positions go through the fused kernel too (when ``_fused``): all
+# sibling pairs of a level in the batch dim, one call per level, the same boundary trick as the earlier keys. Below
+# it the kernel was slower than the plain matmuls (per level, CPU, d = 64: 1.0-1.7x slower forward and backward for
+# M = 4..128, issue 15), so small levels stay manual. With fused levels a super-block can span the whole sequence
+# (``MAX_FUSED_ROWS``): every pair of super-blocks then meets at one tree level, in a square kernel call, instead
+# of each super-block attending to all keys before it in a short, wide call (the kernel's backward costs 16-18 ns
+# per pair and head in square calls of 512-1024 rows, 24-35 ns for 256 rows against 2048-4096 keys).
+FUSED_LEVEL_MIN = 256
+# The largest super-block when tree levels are fused: bounded by the manual levels' scores (R/2 x M) and the leaf
+# decays (R C dv), both well below ``MAX_BLOCK_SCORES`` per (batch, head) at this size.
+MAX_FUSED_ROWS = 1 << 13
+# Rows of a chunk: the leaves and the tree levels inside a chunk are many small element-wise ops, done chunk by
+# chunk so that their operands stay in cache (256 rows, B = 1, H = 8, d = 64: 0.5 MiB per tensor).
+CHUNK_ROWS = 256
+
+
+def _pairs4(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, n, M, e) sibling-pair view -> (B H n, 1, M, e) without a copy (the pair dims merge: stride 2 M e)."""
+    return x.reshape(-1, 1, *x.shape[-2:])
 
 
 def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -187,27 +235,41 @@ def _early_attend(q_s: torch.Tensor, early_k: torch.Tensor, early_v: torch.Tenso
     return _mm(w.sub_(lse).exp_(), early_v), lse
 
 
-def _early_grads(q_s: torch.Tensor, early_k: torch.Tensor, early_v: torch.Tensor, qg: torch.Tensor,
-                 neg_delta: torch.Tensor, lse_s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of the earlier-key part: (dq (B, H, R, d) unscaled, d early_k (B, H, N, d), d early_v (B, H, N, dv)).
+def _early_grads(q_s: torch.Tensor, early_k: torch.Tensor, early_v: torch.Tensor, g_factor: torch.Tensor,
+                 g_s: torch.Tensor, neg_delta: torch.Tensor, lse_s: torch.Tensor, v_factor: torch.Tensor | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of the earlier-key part: (dq (B, H, R, d) unscaled, d early_k (B, H, N, d), d v~ (B, H, N, dv)).
 
-    With p_ij = exp(s_ij - lse_i) (the full row's lse) and qg_i = exp(Lambda_i - Lambda_b) (.) g_i:
+    With p_ij = exp(s_ij - lse_i) (the full row's lse), qg_i = exp(Lambda_i - Lambda_b) (.) g_i (``g_factor`` times
+    ``g_s``) and v~_j = ``v_factor`` (.) ``early_v`` (or ``early_v`` itself when v_factor is None):
     ds_ij = p_ij (qg_i . v~_j - delta_i), d v~_j = sum_i p_ij qg_i. The fused backward kernel computes its own
     delta as grad_out . out; one extra column makes that the full row's delta_i: grad_out = [qg, delta], out =
-    [0, 1], v~ = [v~, 0] (so the extra column adds nothing to dp_ij).
+    [0, 1] (one broadcast row), v~ = [v~, 0] (so the extra column adds nothing to dp_ij). The products are written
+    straight into the padded buffers.
     """
     if _fused(q_s):
         d, dv = q_s.shape[-1], early_v.shape[-1]
         width = max(d, dv) + 1
-        grad_out = torch.cat((_pad_to(qg, width - 1), -neg_delta), dim=-1)
-        out = torch.zeros_like(grad_out)
-        out[..., -1] = 1.0
+        grad_out = g_s.new_empty(*g_s.shape[:-1], width)
+        torch.mul(g_factor, g_s, out=grad_out[..., :dv])
+        grad_out[..., dv:-1].zero_()
+        torch.neg(neg_delta, out=grad_out[..., -1:])
+        if v_factor is None:
+            v_pad = _pad_to(early_v, width)
+        else:
+            v_pad = early_v.new_empty(*early_v.shape[:-1], width)
+            torch.mul(v_factor, early_v, out=v_pad[..., :dv])
+            v_pad[..., dv:].zero_()
+        unit = grad_out.new_zeros(width)
+        unit[-1] = 1.0
         dq, dk, dv_ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, _pad_to(q_s, width), _pad_to(early_k, width), _pad_to(early_v, width), out,
+            grad_out, _pad_to(q_s, width), _pad_to(early_k, width), v_pad, unit.expand_as(grad_out),
             lse_s.squeeze(-1), 0.0, False, scale=1.0)
         return dq[..., :d], dk[..., :d], dv_[..., :dv]
+    qg = g_factor * g_s
+    v_t = early_v if v_factor is None else v_factor * early_v
     p = _mm(q_s, early_k.transpose(-1, -2), -lse_s).exp_()
-    ds = _mm(qg, early_v.transpose(-1, -2), neg_delta).mul_(p)
+    ds = _mm(qg, v_t.transpose(-1, -2), neg_delta).mul_(p)
     return _mm(ds, early_k), _mm(ds.transpose(-1, -2), q_s), _mm(p.transpose(-1, -2), qg)
 
 
@@ -227,10 +289,11 @@ class _EarlyDecay:
         self.c[:, :, :n_pre] = 1.0
         self.n = n_pre
 
-    def advance(self, geo: _Geometry) -> None:
-        r = geo.shape[2]
-        self.c[:, :, :self.n] *= geo.to_start[:, :, -1:]
-        self.c[:, :, self.n:self.n + r] = _reverse_exclusive_cumsum(geo.log_f, 2).exp_()
+    def advance(self, to_start: torch.Tensor, to_end: torch.Tensor) -> None:
+        """Move past a super-block, given its decays (B, H, R, dv) to its start and to its end."""
+        r = to_start.shape[2]
+        self.c[:, :, :self.n] *= to_start[:, :, -1:]
+        self.c[:, :, self.n:self.n + r] = to_end
         self.n += r
 
     def values(self, vals: torch.Tensor) -> torch.Tensor:
@@ -263,16 +326,78 @@ def _rows(x: torch.Tensor, s0: int, s1: int) -> torch.Tensor:
     return x[:, :, s0:s1].contiguous()
 
 
-def _superblock_forward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, geo: _Geometry,
-                        early_k: torch.Tensor | None,
-                        early_v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Output (B, H, R, dv) and row log-sum-exp (B, H, R, 1) of one super-block, softmax accumulated online.
+def _merge(u: torch.Tensor, z: torch.Tensor, m: torch.Tensor, o_d: torch.Tensor, lse: torch.Tensor) -> None:
+    """Merge a normalised partial output into the running (u, z, m) in place, by its log-sum-exp.
 
-    ``q_s`` is already multiplied by the softmax scale; ``early_v`` holds the earlier values decayed to the
-    super-block's boundary.
+    u (..., dv), z and m (..., 1): unnormalised output, softmax denominator and row max so far. o_d (..., dv): the
+    partial attention output with its query-side decay applied; lse (..., 1): its log-sum-exp (weight exp(lse)).
     """
+    m_new = torch.maximum(m, lse)
+    rescale = (m - m_new).exp_()
+    w = lse.sub_(m_new).exp_()
+    u.mul_(rescale).addcmul_(o_d, w)
+    z.mul_(rescale).add_(w)
+    m.copy_(m_new)
+
+
+def _level_forward(size: int, pair, q_decay: torch.Tensor, k_decay: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, u: torch.Tensor, z: torch.Tensor, m: torch.Tensor, fused: bool) -> None:
+    """One tree level of the forward pass: the right block of every sibling pair attends to the left block through
+    the boundary between them, merged into the running (u, z, m) of the right block in place."""
+    q_right, _ = pair(q)
+    _, k_left = pair(k)
+    _, v_left = pair(v)
+    u_right, _ = pair(u)
+    z_right, _ = pair(z)
+    m_right, _ = pair(m)
+    if fused and size >= FUSED_LEVEL_MIN:
+        # All sibling pairs of the level in one fused call; merged by log-sum-exp like the earlier keys.
+        o_l, lse_l = _early_attend(_pairs4(q_right), _pairs4(k_left), _pairs4(k_decay * v_left))
+        _merge(u_right, z_right, m_right, q_decay * o_l.view_as(u_right), lse_l.view_as(m_right))
+        return
+    w = _mm(q_right, k_left.transpose(-1, -2))
+    m_new = torch.maximum(m_right, w.amax(-1, keepdim=True))
+    w.sub_(m_new).exp_()
+    rescale = (m_right - m_new).exp_()
+    # The pair views alias u, z, m: only the right block of each pair is updated.
+    u_right.mul_(rescale).addcmul_(q_decay, _mm(w, k_decay * v_left))
+    z_right.mul_(rescale).add_(w.sum(-1, keepdim=True))
+    m_right.copy_(m_new)
+
+
+def _level_backward(size: int, pair, q_decay: torch.Tensor, k_decay: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, g: torch.Tensor, neg_delta: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor,
+                    dk: torch.Tensor, dv: torch.Tensor, fused: bool) -> None:
+    """One tree level of the backward pass, accumulated into (dq, dk, dv) in place (dq without the scale)."""
+    q_right, _ = pair(q)
+    _, k_left = pair(k)
+    _, v_left = pair(v)
+    g_right, _ = pair(g)
+    dq_right, _ = pair(dq)
+    _, dk_left = pair(dk)
+    _, dv_left = pair(dv)
+    if fused and size >= FUSED_LEVEL_MIN:
+        dq_l, dk_l, dv_l = _early_grads(_pairs4(q_right), _pairs4(k_left), _pairs4(v_left), _pairs4(q_decay),
+                                        _pairs4(g_right), _pairs4(pair(neg_delta)[0]), _pairs4(pair(lse)[0]),
+                                        v_factor=_pairs4(k_decay))
+        dq_right.add_(dq_l.view_as(dq_right))
+        dk_left.add_(dk_l.view_as(dk_left))
+        dv_left.addcmul_(k_decay, dv_l.view_as(dv_left))
+        return
+    p = _mm(q_right, k_left.transpose(-1, -2), pair(lse)[0].neg()).exp_()
+    qg = q_decay * g_right
+    ds = _mm(qg, (k_decay * v_left).transpose(-1, -2), pair(neg_delta)[0]).mul_(p)
+    dq_right.add_(_mm(ds, k_left))
+    dk_left.add_(_mm(ds.transpose(-1, -2), q_right))
+    dv_left.addcmul_(k_decay, _mm(p.transpose(-1, -2), qg))
+
+
+def _chunk_forward(q_c: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, geo: _Geometry, fused: bool,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unnormalised output u (B, H, R, dv), denominator z and row max m (B, H, R, 1) of the pairs inside one chunk:
+    its leaves, then its tree levels."""
     b, h, r, dv = geo.shape
-    lq, lk, lv = geo.leaf_view(q_s), geo.leaf_view(k_s), geo.leaf_view(v_s)
+    lq, lk, lv = geo.leaf_view(q_c), geo.leaf_view(k_c), geo.leaf_view(v_c)
     w = _mm(lq, lk.transpose(-1, -2)).masked_fill_(~geo.causal, float("-inf"))
     m = w.amax(-1, keepdim=True)
     w.sub_(m).exp_()
@@ -280,45 +405,18 @@ def _superblock_forward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
     u = geo.leaf_decay.mul_(w.unsqueeze(-1)).mul_(lv.unsqueeze(3)).sum(4).view(b, h, r, dv)
     z = w.sum(-1).view(b, h, r, 1)
     m = m.view(b, h, r, 1)
-    for pair, q_decay, k_decay in geo.levels():
-        q_right, _ = pair(q_s)
-        _, k_left = pair(k_s)
-        _, v_left = pair(v_s)
-        u_right, _ = pair(u)
-        z_right, _ = pair(z)
-        m_right, _ = pair(m)
-        w = _mm(q_right, k_left.transpose(-1, -2))
-        m_new = torch.maximum(m_right, w.amax(-1, keepdim=True))
-        w.sub_(m_new).exp_()
-        rescale = (m_right - m_new).exp_()
-        # The pair views alias u, z, m: only the right block of each pair is updated.
-        u_right.mul_(rescale).addcmul_(q_decay, _mm(w, k_decay * v_left))
-        z_right.mul_(rescale).add_(w.sum(-1, keepdim=True))
-        m_right.copy_(m_new)
-    if early_k is not None:
-        # Merge the normalised earlier-key output o_e (weight exp(lse_e)) into the running (u, z, m).
-        o_e, lse_e = _early_attend(q_s, early_k, early_v)
-        m_new = torch.maximum(m, lse_e)
-        rescale = (m - m_new).exp_()
-        w_e = (lse_e - m_new).exp_()
-        u = u.mul_(rescale).addcmul_(geo.to_start * o_e, w_e)
-        z = z.mul_(rescale).add_(w_e)
-        m = m_new
-    return u.div_(z), m + z.log()
+    for level in geo.levels():
+        _level_forward(*level, q_c, k_c, v_c, u, z, m, fused)
+    return u, z, m
 
 
-def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, geo: _Geometry,
-                         early_k: torch.Tensor | None, early_v: torch.Tensor | None, g_s: torch.Tensor,
-                         o_s: torch.Tensor, lse_s: torch.Tensor):
-    """Gradients of one super-block: (dq, dk, dv) of its own rows and (d early_k, d early_v) of earlier keys.
-
-    ``q_s`` is already multiplied by the softmax scale; dq comes back without the scale (the caller applies it).
-    """
-    neg_delta = -(g_s * o_s).sum(-1, keepdim=True)                             # -delta_i, (B, H, R, 1)
-    neg_lse = -lse_s
-    dq, dk, dv = torch.zeros_like(q_s), torch.zeros_like(k_s), torch.zeros_like(v_s)
-    lq, lk, lv, lg = geo.leaf_view(q_s), geo.leaf_view(k_s), geo.leaf_view(v_s), geo.leaf_view(g_s)
-    p = _mm(lq, lk.transpose(-1, -2), geo.leaf_view(neg_lse)).masked_fill_(~geo.causal, float("-inf")).exp_()
+def _chunk_backward(q_c: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, g_c: torch.Tensor,
+                    neg_delta: torch.Tensor, lse_c: torch.Tensor, geo: _Geometry, fused: bool,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the pairs inside one chunk (dq without the scale)."""
+    dq, dk, dv = torch.zeros_like(q_c), torch.zeros_like(k_c), torch.zeros_like(v_c)
+    lq, lk, lv, lg = geo.leaf_view(q_c), geo.leaf_view(k_c), geo.leaf_view(v_c), geo.leaf_view(g_c)
+    p = _mm(lq, lk.transpose(-1, -2), geo.leaf_view(lse_c.neg())).masked_fill_(~geo.causal, float("-inf")).exp_()
     # In place on the leaf decays (not needed again in this pass): p_ij D_ij (.) g_i, (B, H, n, C, C, dv).
     pdg = geo.leaf_decay.mul_(p.unsqueeze(-1)).mul_(lg.unsqueeze(4))
     geo.leaf_view(dv).add_(pdg.sum(3))                                          # sum_i p_ij D_ij (.) g_i
@@ -326,25 +424,91 @@ def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor
     ds.addcmul_(p, geo.leaf_view(neg_delta))
     geo.leaf_view(dq).add_(_mm(ds, lk))
     geo.leaf_view(dk).add_(_mm(ds.transpose(-1, -2), lq))
-    for pair, q_decay, k_decay in geo.levels():
-        q_right, _ = pair(q_s)
-        _, k_left = pair(k_s)
-        _, v_left = pair(v_s)
-        g_right, _ = pair(g_s)
-        dq_right, _ = pair(dq)
-        _, dk_left = pair(dk)
-        _, dv_left = pair(dv)
-        p = _mm(q_right, k_left.transpose(-1, -2), pair(neg_lse)[0]).exp_()
-        qg = q_decay * g_right
-        ds = _mm(qg, (k_decay * v_left).transpose(-1, -2), pair(neg_delta)[0]).mul_(p)
-        dq_right.add_(_mm(ds, k_left))
-        dk_left.add_(_mm(ds.transpose(-1, -2), q_right))
-        dv_left.addcmul_(k_decay, _mm(p.transpose(-1, -2), qg))
+    for level in geo.levels():
+        _level_backward(*level, q_c, k_c, v_c, g_c, neg_delta, lse_c, dq, dk, dv, fused)
+    return dq, dk, dv
+
+
+def _leaf_workspace(lf_s: torch.Tensor, rows: int, leaf: int) -> torch.Tensor:
+    b, h, _, dv = lf_s.shape
+    return lf_s.new_empty(b, h, rows // leaf, leaf, leaf, dv)
+
+
+def _chunks(r: int, leaf: int) -> list[tuple[int, int]]:
+    """Row ranges of the chunks of a super-block of r = leaf * 2^L rows: leaf * 2^j rows each, at most
+    ``CHUNK_ROWS`` (or one leaf)."""
+    step = leaf
+    while 2 * step <= min(r, CHUNK_ROWS):
+        step *= 2
+    return [(c0, c0 + step) for c0 in range(0, r, step)]
+
+
+def _superblock_forward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, lf_s: torch.Tensor, leaf: int,
+                        early_k: torch.Tensor | None, early_v: torch.Tensor | None):
+    """Output (B, H, R, dv) and row log-sum-exp (B, H, R, 1) of one super-block, softmax accumulated online, and the
+    decays (B, H, R, dv) to its start and to its end (for the earlier-key buffer).
+
+    The pairs inside each chunk of ``CHUNK_ROWS`` rows (leaves and small tree levels, many small element-wise ops
+    that stay in cache) are done chunk by chunk; the tree levels above the chunks run over the whole super-block.
+    ``q_s`` is already multiplied by the softmax scale; ``early_v`` holds the earlier values decayed to the
+    super-block's boundary.
+    """
+    fused = _fused(q_s)
+    chunks = _chunks(q_s.shape[2], leaf)
+    if len(chunks) == 1:
+        geo = _Geometry(lf_s, leaf)
+        u, z, m = _chunk_forward(q_s, k_s, v_s, geo, fused)
+        prefix, suffix = geo.prefix, geo.suffix
+    else:
+        b, h, r, dv = v_s.shape
+        u, prefix, suffix = torch.empty_like(v_s), torch.empty_like(lf_s), torch.empty_like(lf_s)
+        z, m = v_s.new_empty(b, h, r, 1), v_s.new_empty(b, h, r, 1)
+        workspace = _leaf_workspace(lf_s, chunks[0][1], leaf)
+        for c0, c1 in chunks:
+            geo = _Geometry(_rows(lf_s, c0, c1), leaf, workspace)
+            u[:, :, c0:c1], z[:, :, c0:c1], m[:, :, c0:c1] = _chunk_forward(
+                *(_rows(x, c0, c1) for x in (q_s, k_s, v_s)), geo, fused)
+            prefix[:, :, c0:c1], suffix[:, :, c0:c1] = geo.prefix, geo.suffix
+        for level in _tree_levels(prefix, suffix, chunks[0][1]):
+            _level_forward(*level, q_s, k_s, v_s, u, z, m, fused)
+    if early_k is not None:
+        o_e, lse_e = _early_attend(q_s, early_k, early_v)
+        _merge(u, z, m, prefix * o_e, lse_e)
+    return u.div_(z), m + z.log(), prefix, suffix
+
+
+def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor, lf_s: torch.Tensor, leaf: int,
+                         early_k: torch.Tensor | None, early_v: torch.Tensor | None, g_s: torch.Tensor,
+                         o_s: torch.Tensor, lse_s: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor):
+    """Gradients of one super-block: (dq, dk, dv) of its own rows written into the given (B, H, R, .) views (dk and
+    dv must hold zeros; dq without the scale: the caller applies it). Returns (d early_k, d early_v) of the earlier
+    keys and the decays to the super-block's start and end (as ``_superblock_forward``).
+
+    ``q_s`` is already multiplied by the softmax scale.
+    """
+    fused = _fused(q_s)
+    neg_delta = -(g_s * o_s).sum(-1, keepdim=True)                             # -delta_i, (B, H, R, 1)
+    chunks = _chunks(q_s.shape[2], leaf)
+    if len(chunks) == 1:
+        geo = _Geometry(lf_s, leaf)
+        for out, grad in zip((dq, dk, dv), _chunk_backward(q_s, k_s, v_s, g_s, neg_delta, lse_s, geo, fused)):
+            out.copy_(grad)
+        prefix, suffix = geo.prefix, geo.suffix
+    else:
+        prefix, suffix = torch.empty_like(lf_s), torch.empty_like(lf_s)
+        workspace = _leaf_workspace(lf_s, chunks[0][1], leaf)
+        for c0, c1 in chunks:
+            geo = _Geometry(_rows(lf_s, c0, c1), leaf, workspace)
+            dq[:, :, c0:c1], dk[:, :, c0:c1], dv[:, :, c0:c1] = _chunk_backward(
+                *(_rows(x, c0, c1) for x in (q_s, k_s, v_s, g_s, neg_delta, lse_s)), geo, fused)
+            prefix[:, :, c0:c1], suffix[:, :, c0:c1] = geo.prefix, geo.suffix
+        for level in _tree_levels(prefix, suffix, chunks[0][1]):
+            _level_backward(*level, q_s, k_s, v_s, g_s, neg_delta, lse_s, dq, dk, dv, fused)
     d_early_k = d_early_v = None
     if early_k is not None:
-        dq_e, d_early_k, d_early_v = _early_grads(q_s, early_k, early_v, geo.to_start * g_s, neg_delta, lse_s)
+        dq_e, d_early_k, d_early_v = _early_grads(q_s, early_k, early_v, prefix, g_s, neg_delta, lse_s)
         dq.add_(dq_e)
-    return dq, dk, dv, d_early_k, d_early_v
+    return d_early_k, d_early_v, prefix, suffix
 
 
 class _FixAttention(torch.autograd.Function):
@@ -364,13 +528,12 @@ class _FixAttention(torch.autograd.Function):
         decay = _EarlyDecay(v, n_pre, t)
         for s0 in range(0, t, rows):
             s1 = s0 + rows
-            geo = _Geometry(_rows(log_f, s0, s1), leaf)
             early = decay.n > 0
-            o[:, :, s0:s1], lse[:, :, s0:s1] = _superblock_forward(
-                q[:, :, s0:s1] * scale, _rows(k, s0, s1), _rows(v, s0, s1), geo,
+            o[:, :, s0:s1], lse[:, :, s0:s1], to_start, to_end = _superblock_forward(
+                q[:, :, s0:s1] * scale, _rows(k, s0, s1), _rows(v, s0, s1), _rows(log_f, s0, s1), leaf,
                 keys[:, :, :decay.n] if early else None, decay.values(vals) if early else None)
             if s1 < t:
-                decay.advance(geo)
+                decay.advance(to_start, to_end)
         ctx.save_for_backward(q, k, v, log_f, pre_k, pre_v, o, lse)
         ctx.scale, ctx.leaf, ctx.rows = scale, leaf, rows
         return o
@@ -390,28 +553,27 @@ class _FixAttention(torch.autograd.Function):
         decay = _EarlyDecay(v, n_pre, t)
         for s0 in range(0, t, rows):
             s1 = s0 + rows
-            geo = _Geometry(_rows(log_f, s0, s1), leaf)
             n = decay.n
             early_v = decay.values(vals) if n else None
-            grads = _superblock_backward(q[:, :, s0:s1] * scale, _rows(k, s0, s1), _rows(v, s0, s1), geo,
-                                         keys[:, :, :n] if n else None, early_v,
-                                         *(_rows(x, s0, s1) for x in (g, o, lse)))
-            dq[:, :, s0:s1] = grads[0]
-            dk_all[:, :, n:n + rows] += grads[1]
-            dv_all[:, :, n:n + rows] += grads[2]
+            # This super-block's rows of dk_all and dv_all are still zero (earlier ones only reach rows < n).
+            grads = _superblock_backward(q[:, :, s0:s1] * scale, _rows(k, s0, s1), _rows(v, s0, s1),
+                                         _rows(log_f, s0, s1), leaf, keys[:, :, :n] if n else None, early_v,
+                                         *(_rows(x, s0, s1) for x in (g, o, lse)),
+                                         dq[:, :, s0:s1], dk_all[:, :, n:n + rows], dv_all[:, :, n:n + rows])
             if n:
-                dk_all[:, :, :n] += grads[3]
+                dk_all[:, :, :n] += grads[0]
                 # v~_j = c_j v_j, so dv_j gets c_j (.) d v~_j.
-                dv_all[:, :, :n].addcmul_(grads[4], decay.c[:, :, :n])
+                dv_all[:, :, :n].addcmul_(grads[1], decay.c[:, :, :n])
             if s1 < t:
-                decay.advance(geo)
+                decay.advance(*grads[2:])
         dk, dv = dk_all[:, :, n_pre:], dv_all[:, :, n_pre:]
         # dLambda_i = g_i o_i - v_i dv_i; log f_t enters every Lambda_i with i >= t: a reverse cumulative sum,
-        # accumulated in float64 one super-block at a time (last first) to keep the buffers small.
+        # accumulated in float64 one chunk at a time (last first) to keep the buffers small.
         d_log_f = torch.empty_like(log_f)
         carry = None
-        for s0 in reversed(range(0, t, rows)):
-            s1 = s0 + rows
+        step = _chunks(rows, leaf)[0][1]
+        for s0 in reversed(range(0, t, step)):
+            s1 = s0 + step
             d_lam = (g[:, :, s0:s1] * o[:, :, s0:s1]).sub_(v[:, :, s0:s1] * dv[:, :, s0:s1]).double()
             d_lam = d_lam.flip(2).cumsum(2).flip(2)
             if carry is not None:
@@ -421,11 +583,13 @@ class _FixAttention(torch.autograd.Function):
         d_pre_k = None if pre_k is None else dk_all[:, :, :n_pre]
         d_pre_v = None if pre_v is None else dv_all[:, :, :n_pre]
         return dq.mul_(scale), dk, dv, d_log_f, d_pre_k, d_pre_v, None, None, None
+
+
 def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_f: torch.Tensor, *,
                           prefix_k: torch.Tensor | None = None, prefix_v: torch.Tensor | None = None,
                           scale: float | None = None, chunk_size: int = 4, return_state: bool = False,
                           key_mask: torch.Tensor | None = None,
-                          max_block_scores: int = MAX_BLOCK_SCORES, max_block_rows: int = MAX_BLOCK_ROWS,
+                          max_block_scores: int = MAX_BLOCK_SCORES, max_block_rows: int | None = None,
                           ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Fine-grained forgetting attention before the output norm (see module docstring).
 
@@ -444,7 +608,8 @@ def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
             q~ = [q, 1 / scale], k~ = [k, 0 or ``MASKED_LOGIT``], exact for every row with an unmasked key (a row
             whose keys are all masked, a padding query, gets finite values that nothing should read).
         max_block_scores: attention scores per (batch, head) held at once; bounds the super-block size.
-        max_block_rows: the largest super-block (rows), a speed setting (see ``MAX_BLOCK_ROWS``).
+        max_block_rows: the largest super-block (rows), a speed setting; None: ``MAX_FUSED_ROWS`` where the fused
+            CPU kernel runs the large tree levels, else ``MAX_BLOCK_ROWS``.
     Returns:
         u: (B, H, T, dv) in q's dtype; with ``return_state`` also the value cache (B, H, P + T, dv) in v's dtype:
         every value decayed to the last new position, ready to be the next call's ``prefix_v``.
@@ -468,7 +633,10 @@ def fix_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log
         return (u, state) if return_state else u
     leaf = max(1, min(chunk_size, t))
     n_pre = 0 if prefix_k is None else prefix_k.shape[2]
-    rows = _plan(t, n_pre, leaf, max_block_scores, max_block_rows)
+    fused = _fused(torch.empty(0, dtype=cdt, device=q.device))
+    if max_block_rows is None:
+        max_block_rows = MAX_FUSED_ROWS if fused else MAX_BLOCK_ROWS
+    rows = _plan(t, n_pre, leaf, max_block_scores, max_block_rows, fused)
     pad = -(-t // rows) * rows - t
     # Padded positions carry log f = 0, so they change no decay; being last, no real query sees them.
     qp, kp, vp, lfp = (_pad_rows(x.to(cdt), pad) for x in (q, k, v, log_f.to(cdt).expand(b, h, t, dv)))
