@@ -54,10 +54,10 @@ from torch.autograd.function import once_differentiable
 
 # Attention scores per (batch, head) held at once: 2^20 floats = 4 MiB.
 MAX_BLOCK_SCORES = 1 << 20
-# Rows per super-block. Each tree level costs about ten element-wise passes over the rows (R/2 x d values), so
-# taller super-blocks add levels; keys before a super-block cost a dense pass instead. 256 was fastest on CPU at
-# d = 64 for T = 1024 and T = 4096 (benchmarks/fix_attention_speed.py; 1024 rows were 15-20% slower). With the
-# fused earlier-key path (issue 15) 512 rows were no faster at T = 1024 and cost more memory (README, Speed).
+# Rows per super-block on the plain path (no fused kernel: other devices, or FUSED_EARLY = False). Each tree level
+# costs about ten element-wise passes over the rows (R/2 x d values), so taller super-blocks add levels; keys before
+# a super-block cost a dense pass instead. 256 was fastest on CPU at d = 64 for T = 1024 and T = 4096
+# (benchmarks/fix_attention_speed.py; 1024 rows were 15-20% slower). The fused path uses MAX_FUSED_ROWS.
 MAX_BLOCK_ROWS = 256
 
 
