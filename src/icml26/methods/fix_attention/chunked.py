@@ -124,24 +124,25 @@ class _Geometry:
     here is formed as such a difference: the tree levels use decays local to their blocks, built bottom-up from
     block totals (``levels``), and only leaves (at most C - 1 terms) take differences.
 
-    Attributes after construction: ``leaf_decay`` (B, H, R/C, C, C, dv) the explicit decay inside leaves (1 where
-    j > i, where the weights are 0); ``causal`` (C, C). After ``levels`` is exhausted: ``prefix`` (B, H, R, dv)
+    Attributes after construction: ``causal`` (C, C); ``leaf_decay(o)`` gives the explicit decays inside leaves at
+    offset o = i - j. After ``levels`` is exhausted: ``prefix`` (B, H, R, dv)
     exp(Lambda_i - Lambda_{c0-1}), the decay from the position before the chunk, and ``suffix`` exp(Lambda_{c1-1} -
     Lambda_j), the decay to the chunk's last position.
     """
 
-    def __init__(self, lf_s: torch.Tensor, leaf: int, workspace: torch.Tensor | None = None) -> None:
-        """``workspace``: an optional (B, H, R/C, C, C, dv) buffer for the leaf decays, reused from chunk to chunk
-        (a fresh multi-MiB allocation per chunk costs page faults)."""
+    def __init__(self, lf_s: torch.Tensor, leaf: int) -> None:
         b, h, r, dv = lf_s.shape
         self.shape, self.leaf, self.dtype = (b, h, r, dv), leaf, lf_s.dtype
         self.log_f = lf_s
         self.causal = torch.ones(leaf, leaf, dtype=torch.bool, device=lf_s.device).tril()
-        lam_leaf = lf_s.view(b, h, r // leaf, leaf, dv).cumsum(3)
-        # For j > i the difference is >= 0; clamping it to 0 keeps the exp finite, and the softmax weight of
-        # those pairs is exactly 0 wherever the decay is used, so no mask is needed here.
-        self.leaf_decay = torch.sub(lam_leaf.unsqueeze(4), lam_leaf.unsqueeze(3), out=workspace).clamp_max_(0.0).exp_()
-        self._leaf_prefix = lam_leaf
+        self._leaf_prefix = lf_s.view(b, h, r // leaf, leaf, dv).cumsum(3)
+
+    def leaf_decay(self, offset: int) -> torch.Tensor:
+        """exp(Lambda_i - Lambda_j) for the pairs i = j + offset inside each leaf: (B, H, R/C, C - offset, dv), row
+        k of a leaf being the pair (k + offset, k). Only pairs with j < i are formed (the diagonal's decay is 1), so
+        every exponent is <= 0 and no (C, C, dv) tensor exists."""
+        lam = self._leaf_prefix
+        return (lam[:, :, :, offset:] - lam[:, :, :, :-offset]).exp_()
 
     def leaf_view(self, x: torch.Tensor) -> torch.Tensor:
         b, h, r, _ = self.shape
@@ -401,8 +402,12 @@ def _chunk_forward(q_c: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, geo:
     w = _mm(lq, lk.transpose(-1, -2)).masked_fill_(~geo.causal, float("-inf"))
     m = w.amax(-1, keepdim=True)
     w.sub_(m).exp_()
-    # In place: the leaf decays are not needed again in this pass (saves two (R, C, dv) buffers).
-    u = geo.leaf_decay.mul_(w.unsqueeze(-1)).mul_(lv.unsqueeze(3)).sum(4).view(b, h, r, dv)
+    # u_i = sum_{j <= i} w_ij D_ij v_j, one diagonal of the leaf's (C, C) weights at a time (D = 1 on the main one).
+    u = lv * w.diagonal(0, -2, -1).unsqueeze(-1)
+    for offset in range(1, geo.leaf):
+        decay = geo.leaf_decay(offset).mul_(w.diagonal(-offset, -2, -1).unsqueeze(-1))
+        u[:, :, :, offset:].addcmul_(decay, lv[:, :, :, :-offset])
+    u = u.view(b, h, r, dv)
     z = w.sum(-1).view(b, h, r, 1)
     m = m.view(b, h, r, 1)
     for level in geo.levels():
@@ -417,21 +422,22 @@ def _chunk_backward(q_c: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, g_c
     dq, dk, dv = torch.zeros_like(q_c), torch.zeros_like(k_c), torch.zeros_like(v_c)
     lq, lk, lv, lg = geo.leaf_view(q_c), geo.leaf_view(k_c), geo.leaf_view(v_c), geo.leaf_view(g_c)
     p = _mm(lq, lk.transpose(-1, -2), geo.leaf_view(lse_c.neg())).masked_fill_(~geo.causal, float("-inf")).exp_()
-    # In place on the leaf decays (not needed again in this pass): p_ij D_ij (.) g_i, (B, H, n, C, C, dv).
-    pdg = geo.leaf_decay.mul_(p.unsqueeze(-1)).mul_(lg.unsqueeze(4))
-    geo.leaf_view(dv).add_(pdg.sum(3))                                          # sum_i p_ij D_ij (.) g_i
-    ds = pdg.mul_(lv.unsqueeze(3)).sum(-1)                                      # p_ij (g_i . D_ij v_j)
-    ds.addcmul_(p, geo.leaf_view(neg_delta))
+    # One diagonal of the leaf at a time, as in the forward pass: gv_ij = g_i . (D_ij (.) v_j) into a (C, C) matrix
+    # (zero above the diagonal, where p is 0), and dv_j += sum_i p_ij D_ij (.) g_i.
+    ldv = geo.leaf_view(dv)
+    gv = torch.zeros_like(p)
+    gv.diagonal(0, -2, -1).copy_((lg * lv).sum(-1))
+    ldv.addcmul_(lg, p.diagonal(0, -2, -1).unsqueeze(-1))
+    for offset in range(1, geo.leaf):
+        dg = geo.leaf_decay(offset).mul_(lg[:, :, :, offset:])                     # D_ij (.) g_i
+        ldv[:, :, :, :-offset].addcmul_(dg, p.diagonal(-offset, -2, -1).unsqueeze(-1))
+        gv.diagonal(-offset, -2, -1).copy_(dg.mul_(lv[:, :, :, :-offset]).sum(-1))
+    ds = gv.add_(geo.leaf_view(neg_delta)).mul_(p)                              # p_ij (gv_ij - delta_i)
     geo.leaf_view(dq).add_(_mm(ds, lk))
     geo.leaf_view(dk).add_(_mm(ds.transpose(-1, -2), lq))
     for level in geo.levels():
         _level_backward(*level, q_c, k_c, v_c, g_c, neg_delta, lse_c, dq, dk, dv, fused)
     return dq, dk, dv
-
-
-def _leaf_workspace(lf_s: torch.Tensor, rows: int, leaf: int) -> torch.Tensor:
-    b, h, _, dv = lf_s.shape
-    return lf_s.new_empty(b, h, rows // leaf, leaf, leaf, dv)
 
 
 def _chunks(r: int, leaf: int) -> list[tuple[int, int]]:
@@ -463,9 +469,8 @@ def _superblock_forward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
         b, h, r, dv = v_s.shape
         u, prefix, suffix = torch.empty_like(v_s), torch.empty_like(lf_s), torch.empty_like(lf_s)
         z, m = v_s.new_empty(b, h, r, 1), v_s.new_empty(b, h, r, 1)
-        workspace = _leaf_workspace(lf_s, chunks[0][1], leaf)
         for c0, c1 in chunks:
-            geo = _Geometry(_rows(lf_s, c0, c1), leaf, workspace)
+            geo = _Geometry(_rows(lf_s, c0, c1), leaf)
             u[:, :, c0:c1], z[:, :, c0:c1], m[:, :, c0:c1] = _chunk_forward(
                 *(_rows(x, c0, c1) for x in (q_s, k_s, v_s)), geo, fused)
             prefix[:, :, c0:c1], suffix[:, :, c0:c1] = geo.prefix, geo.suffix
@@ -496,9 +501,8 @@ def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor
         prefix, suffix = geo.prefix, geo.suffix
     else:
         prefix, suffix = torch.empty_like(lf_s), torch.empty_like(lf_s)
-        workspace = _leaf_workspace(lf_s, chunks[0][1], leaf)
         for c0, c1 in chunks:
-            geo = _Geometry(_rows(lf_s, c0, c1), leaf, workspace)
+            geo = _Geometry(_rows(lf_s, c0, c1), leaf)
             dq[:, :, c0:c1], dk[:, :, c0:c1], dv[:, :, c0:c1] = _chunk_backward(
                 *(_rows(x, c0, c1) for x in (q_s, k_s, v_s, g_s, neg_delta, lse_s)), geo, fused)
             prefix[:, :, c0:c1], suffix[:, :, c0:c1] = geo.prefix, geo.suffix
