@@ -336,3 +336,35 @@ def test_a_spec_that_pins_torch_threads_does_not_change_them_for_the_next(tmp_pa
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_prepare_killed_mid_grid_resumes_its_tuning_and_cleans_up(tmp_path):
+    from icml26.harness.tuning import LogGrid, tune_per_arm
+
+    scored = []
+    state = {"die_at": 4}
+
+    def prepare(config):
+        def score(arm, lr, seed):
+            if len(scored) == state["die_at"]:
+                raise KeyboardInterrupt
+            scored.append((arm, lr))
+            return -abs(lr - 0.1)
+        return {"tuning": tune_per_arm({"method": LogGrid(center=0.1), "baseline": LogGrid(center=0.1)}, score,
+                                       mode="max")}
+
+    def run(config, seed, prepared):
+        return {"arms": {"method": {"x": 1.0}, "baseline": {"x": 0.0}}, "statistics": {"gain": 1.0 + 0.1 * seed}}
+
+    spec = _spec(run, prepare=prepare)
+    ckpt = tmp_path / "toyroom" / "toy.tuning.ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        run_spec(spec, "quick", tmp_path)
+    assert ckpt.exists() and len(scored) == 4
+    state["die_at"] = None
+    res = run_spec(spec, "quick", tmp_path)
+    assert len(scored) == 6 and len(set(scored)) == 6  # the 2 missing points only, none scored twice
+    assert res["status"] == "complete" and res["prepared"]["tuning"]["chosen"] == {"method": 0.1, "baseline": 0.1}
+    assert not ckpt.exists()
+    run_spec(spec, "quick", tmp_path, force=True)
+    assert len(scored) == 12  # a forced rerun tunes afresh

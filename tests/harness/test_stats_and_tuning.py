@@ -7,7 +7,7 @@ import math
 import pytest
 
 from icml26.harness.stats import mean_and_bounds, student_t_quantile
-from icml26.harness.tuning import ListGrid, LogGrid, tune_per_arm, tuning_check
+from icml26.harness.tuning import ListGrid, LogGrid, tune_per_arm, tuning_check, tuning_checkpoint
 
 
 @pytest.mark.parametrize("p, df, expected", [
@@ -62,3 +62,58 @@ def test_a_hard_limit_counts_as_interior_and_divergence_loses():
 def test_list_grid_options_choose_by_score_without_extension():
     out = tune_per_arm({"a": ListGrid(("x", "y", "z"))}, lambda arm, v, s: {"x": 3, "y": 1, "z": 2}[v])
     assert out["chosen"]["a"] == "y" and out["evaluations"]["a"] == 3 and out["on_edge"] == []
+
+
+def _grids():
+    return {"sgd": LogGrid(center=0.1), "adam": LogGrid(center=1e-3)}
+
+
+def _loss(arm, lr, seed):
+    best = 0.3 if arm == "sgd" else 1e-2  # adam's best lies past its grid: one extension
+    return (math.log(lr) - math.log(best)) ** 2 + 0.01 * (seed - 1000)
+
+
+def test_a_killed_tuning_resumes_from_its_checkpoint_with_the_same_choice(tmp_path):
+    plain = tune_per_arm(_grids(), _loss, mode="min", seeds=(1000, 1001))
+    ckpt = tmp_path / "spec.tuning.ckpt"
+    calls = []
+
+    def dies_after_five(arm, lr, seed):
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        calls.append((arm, lr, seed))
+        return _loss(arm, lr, seed)
+
+    with pytest.raises(KeyboardInterrupt), tuning_checkpoint(ckpt, "hash-a"):
+        tune_per_arm(_grids(), dies_after_five, mode="min", seeds=(1000, 1001))
+    assert ckpt.exists() and len(calls) == 5
+    again = []
+
+    def counted(arm, lr, seed):
+        again.append((arm, lr, seed))
+        return _loss(arm, lr, seed)
+
+    with tuning_checkpoint(ckpt, "hash-a"):
+        resumed = tune_per_arm(_grids(), counted, mode="min", seeds=(1000, 1001))
+    assert resumed == plain
+    total = sum(plain["evaluations"].values()) * 2
+    assert not set(again) & set(calls) and len(again) == total - 5
+    # Another identity (a changed config) does not reuse the scores; neither does a damaged file.
+    fresh = []
+    with tuning_checkpoint(ckpt, "hash-b"):
+        tune_per_arm(_grids(), lambda a, v, s: fresh.append(1) or _loss(a, v, s), mode="min", seeds=(1000, 1001))
+    assert len(fresh) == total
+    ckpt.write_text("{not json")
+    with tuning_checkpoint(ckpt, "hash-b"):
+        assert tune_per_arm(_grids(), _loss, mode="min", seeds=(1000, 1001)) == plain
+
+
+def test_two_tunings_in_one_phase_keep_their_scores_apart(tmp_path):
+    ckpt = tmp_path / "spec.tuning.ckpt"
+    with tuning_checkpoint(ckpt, "h"):
+        first = tune_per_arm({"a": LogGrid(center=1.0)}, lambda a, v, s: (v - 3.0) ** 2, mode="min")
+        second = tune_per_arm({"a": LogGrid(center=1.0)}, lambda a, v, s: (v - 1.0) ** 2, mode="min")
+    assert first["chosen"]["a"] == pytest.approx(3.0) and second["chosen"]["a"] == pytest.approx(1.0)
+    with tuning_checkpoint(ckpt, "h"):  # replayed from the file alone, each call from its own entries
+        assert tune_per_arm({"a": LogGrid(center=1.0)}, lambda a, v, s: math.nan, mode="min") == first
+        assert tune_per_arm({"a": LogGrid(center=1.0)}, lambda a, v, s: math.nan, mode="min") == second

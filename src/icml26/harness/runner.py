@@ -28,7 +28,7 @@ from ..core.memory import PeakRSS
 from ..core.progress import progress
 from ..core.registry import ROOMS, get_room, import_room
 from .spec import TIERS, ExperimentSpec, judge
-from .tuning import tuning_check
+from .tuning import tuning_check, tuning_checkpoint
 
 
 class ResultFileError(ValueError):
@@ -228,6 +228,8 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
     placement = {k: v for k, v in (("device", device), ("precision", precision)) if v}
     key = config_hash({**identity, **placement})
 
+    if force:  # a forced rerun scores its tuning grid afresh too
+        path.with_suffix(".tuning.ckpt").unlink(missing_ok=True)
     try:
         previous = read_result(path) if path.exists() else None
     except ResultFileError:
@@ -272,8 +274,13 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                 _autocast(precision, device), _torch_threads_kept():
             if spec.prepare is not None and prepared is None:
                 logger.tags = {"phase": "prepare"}
-                result["prepared"] = prepared = spec.prepare(config)
+                # Each tuning score is checkpointed (JSON in SPEC.tuning.ckpt, a name the report does not read as a
+                # result) as it finishes: a killed prepare phase resumes mid-grid.
+                tuning_path = path.with_suffix(".tuning.ckpt")
+                with tuning_checkpoint(tuning_path, key):
+                    result["prepared"] = prepared = spec.prepare(config)
                 write("running")
+                tuning_path.unlink(missing_ok=True)
             for seed in progress([s for s in seeds if s not in done], desc=f"{spec.room}/{spec.id} [{tier}] seeds"):
                 logger.tags = {"seed": seed}
                 res = spec.run(config, seed, prepared)

@@ -18,9 +18,14 @@ Use from a spec's ``prepare``::
 from __future__ import annotations
 
 import math
+import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping
 
+from ..core.io import atomic_write_json, read_json
 from ..core.progress import progress
 
 TUNING_SEEDS = (1000,)
@@ -76,6 +81,46 @@ class ListGrid:
         return None
 
 
+class _ScoreCheckpoint:
+    """Scores of finished grid evaluations, written atomically after each one, so a killed tuning phase resumes
+    where it stopped instead of from its first point (a full tier's tuning can take hours). Entries are keyed by
+    the ``tune_per_arm`` call's index within the phase, its ``desc``, the arm, the value and the seed; the file
+    carries ``identity`` (the runner passes the spec's config hash) and is ignored when that differs."""
+
+    def __init__(self, path: Path, identity: str) -> None:
+        self.path, self.identity, self.calls = path, identity, 0
+        self.scores: dict[str, float] = {}
+        if path.exists():
+            try:
+                data = read_json(path)
+            except (OSError, ValueError):
+                data = None  # a damaged checkpoint only costs the evaluations it held
+            if isinstance(data, dict) and data.get("identity") == identity and isinstance(data.get("scores"), dict):
+                self.scores = {k: float(v) for k, v in data["scores"].items()}
+
+    def get(self, key: str) -> float | None:
+        return self.scores.get(key)
+
+    def put(self, key: str, value: float) -> None:
+        self.scores[key] = value
+        atomic_write_json(self.path, {"identity": self.identity, "scores": self.scores})
+
+
+_CHECKPOINT: ContextVar[_ScoreCheckpoint | None] = ContextVar("icml26_tuning_checkpoint", default=None)
+
+
+@contextmanager
+def tuning_checkpoint(path: str | os.PathLike, identity: str) -> Iterator[None]:
+    """Within this block every :func:`tune_per_arm` call reuses the scores recorded in ``path`` (for the same
+    ``identity``) and records each new one there. The runner wraps a spec's ``prepare`` in it; the file is left
+    for the caller to delete once the tuning result itself is saved."""
+    token = _CHECKPOINT.set(_ScoreCheckpoint(Path(path), identity))
+    try:
+        yield
+    finally:
+        _CHECKPOINT.reset(token)
+
+
 def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, float, int], float], *,
                  mode: str = "min", seeds: Iterable[int] = TUNING_SEEDS, max_extensions: int = 2,
                  desc: str = "tuning") -> dict:
@@ -102,16 +147,31 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
     if not seeds:
         raise ValueError("tune_per_arm needs at least one tuning seed")
     sign = 1.0 if mode == "min" else -1.0
+    checkpoint = _CHECKPOINT.get()
+    call = ""
+    if checkpoint is not None:
+        call = f"{checkpoint.calls}:{desc}"
+        checkpoint.calls += 1
 
     def key(value: float) -> float:
         return sign * value if math.isfinite(value) else math.inf
+
+    def scored(arm: str, value, seed: int) -> float:
+        if checkpoint is None:
+            return float(score(arm, value, seed))
+        name = f"{call}|{arm}|{value!r}|{seed}"
+        found = checkpoint.get(name)
+        if found is None:
+            found = float(score(arm, value, seed))
+            checkpoint.put(name, found)
+        return found
 
     chosen, scores, on_edge, evaluations = {}, {}, [], {}
     for arm, grid in grids.items():
         table: dict = {}
 
         def evaluate(value) -> None:
-            runs = [float(score(arm, value, s)) for s in seeds]
+            runs = [scored(arm, value, s) for s in seeds]
             table[value] = sum(runs) / len(runs) if all(math.isfinite(r) for r in runs) else math.inf * sign
 
         for value in progress(grid.points(), desc=f"{desc} [{arm}]"):
