@@ -103,10 +103,10 @@ def _reverse_exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat((suffix.narrow(dim, 1, x.shape[dim] - 1), torch.zeros_like(x.narrow(dim, 0, 1))), dim)
 
 
-def _leaf_suffix(x: torch.Tensor) -> torch.Tensor:
+def _leaf_suffix(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``_reverse_exclusive_cumsum(x, 3)`` of (B, H, n, C, dv) leaves by C - 1 slice additions, summed in the same
-    order (no flip copies; C is small)."""
-    out = torch.empty_like(x)
+    order (no flip copies; C is small), into ``out`` if given."""
+    out = torch.empty_like(x) if out is None else out
     c = x.shape[3]
     out[:, :, :, c - 1].zero_()
     for j in range(c - 2, -1, -1):
@@ -148,11 +148,13 @@ class _Geometry:
         b, h, r, _ = self.shape
         return x.view(b, h, r // self.leaf, self.leaf, x.shape[-1])
 
-    def levels(self):
-        """The chunk's tree levels above its leaves (``_tree_levels``)."""
+    def levels(self, prefix: torch.Tensor | None = None, suffix: torch.Tensor | None = None):
+        """The chunk's tree levels above its leaves (``_tree_levels``); ``prefix`` and ``suffix``: optional
+        (B, H, R, dv) views (a chunk's rows of the super-block's buffers) to build the decays in."""
         b, h, r, dv = self.shape
-        self.prefix = self._leaf_prefix.reshape(b, h, r, dv).exp()
-        self.suffix = _leaf_suffix(self.leaf_view(self.log_f)).exp_().view(b, h, r, dv)
+        self.prefix = torch.exp(self._leaf_prefix.view(b, h, r, dv), out=prefix)
+        self.suffix = _leaf_suffix(self.leaf_view(self.log_f),
+                                   None if suffix is None else self.leaf_view(suffix)).exp_().view(b, h, r, dv)
         return _tree_levels(self.prefix, self.suffix, self.leaf)
 
 
@@ -394,32 +396,33 @@ def _level_backward(size: int, pair, q_decay: torch.Tensor, k_decay: torch.Tenso
 
 
 def _chunk_forward(q_c: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, geo: _Geometry, fused: bool,
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unnormalised output u (B, H, R, dv), denominator z and row max m (B, H, R, 1) of the pairs inside one chunk:
-    its leaves, then its tree levels."""
+                   u: torch.Tensor, z: torch.Tensor, m: torch.Tensor, prefix: torch.Tensor,
+                   suffix: torch.Tensor) -> None:
+    """Unnormalised output u (B, H, R, dv), denominator z and row max m (B, H, R, 1) of the pairs inside one chunk
+    (its leaves, then its tree levels), written into the given views (the chunk's rows of the super-block's
+    buffers); ``prefix``/``suffix`` as in ``_Geometry.levels``."""
     b, h, r, dv = geo.shape
     lq, lk, lv = geo.leaf_view(q_c), geo.leaf_view(k_c), geo.leaf_view(v_c)
+    lu, lz, lm = geo.leaf_view(u), geo.leaf_view(z), geo.leaf_view(m)
     w = _mm(lq, lk.transpose(-1, -2)).masked_fill_(~geo.causal, float("-inf"))
-    m = w.amax(-1, keepdim=True)
-    w.sub_(m).exp_()
+    torch.amax(w, -1, keepdim=True, out=lm)
+    w.sub_(lm).exp_()
     # u_i = sum_{j <= i} w_ij D_ij v_j, one diagonal of the leaf's (C, C) weights at a time (D = 1 on the main one).
-    u = lv * w.diagonal(0, -2, -1).unsqueeze(-1)
+    torch.mul(lv, w.diagonal(0, -2, -1).unsqueeze(-1), out=lu)
     for offset in range(1, geo.leaf):
         decay = geo.leaf_decay(offset).mul_(w.diagonal(-offset, -2, -1).unsqueeze(-1))
-        u[:, :, :, offset:].addcmul_(decay, lv[:, :, :, :-offset])
-    u = u.view(b, h, r, dv)
-    z = w.sum(-1).view(b, h, r, 1)
-    m = m.view(b, h, r, 1)
-    for level in geo.levels():
+        lu[:, :, :, offset:].addcmul_(decay, lv[:, :, :, :-offset])
+    torch.sum(w, -1, keepdim=True, out=lz)
+    for level in geo.levels(prefix, suffix):
         _level_forward(*level, q_c, k_c, v_c, u, z, m, fused)
-    return u, z, m
 
 
 def _chunk_backward(q_c: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, g_c: torch.Tensor,
-                    neg_delta: torch.Tensor, lse_c: torch.Tensor, geo: _Geometry, fused: bool,
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of the pairs inside one chunk (dq without the scale)."""
-    dq, dk, dv = torch.zeros_like(q_c), torch.zeros_like(k_c), torch.zeros_like(v_c)
+                    neg_delta: torch.Tensor, lse_c: torch.Tensor, geo: _Geometry, fused: bool, dq: torch.Tensor,
+                    dk: torch.Tensor, dv: torch.Tensor, prefix: torch.Tensor | None = None,
+                    suffix: torch.Tensor | None = None) -> None:
+    """Add the gradients of the pairs inside one chunk to (dq, dk, dv) (the chunk's rows of the super-block's
+    buffers, views; dq without the scale); ``prefix``/``suffix`` as in ``_Geometry.levels``."""
     lq, lk, lv, lg = geo.leaf_view(q_c), geo.leaf_view(k_c), geo.leaf_view(v_c), geo.leaf_view(g_c)
     p = _mm(lq, lk.transpose(-1, -2), geo.leaf_view(lse_c.neg())).masked_fill_(~geo.causal, float("-inf")).exp_()
     # One diagonal of the leaf at a time, as in the forward pass: gv_ij = g_i . (D_ij (.) v_j) into a (C, C) matrix
@@ -435,9 +438,8 @@ def _chunk_backward(q_c: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor, g_c
     ds = gv.add_(geo.leaf_view(neg_delta)).mul_(p)                              # p_ij (gv_ij - delta_i)
     geo.leaf_view(dq).add_(_mm(ds, lk))
     geo.leaf_view(dk).add_(_mm(ds.transpose(-1, -2), lq))
-    for level in geo.levels():
+    for level in geo.levels(prefix, suffix):
         _level_backward(*level, q_c, k_c, v_c, g_c, neg_delta, lse_c, dq, dk, dv, fused)
-    return dq, dk, dv
 
 
 def _chunks(r: int, leaf: int) -> list[tuple[int, int]]:
@@ -461,19 +463,16 @@ def _superblock_forward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor,
     """
     fused = _fused(q_s)
     chunks = _chunks(q_s.shape[2], leaf)
+    b, h, r, dv = v_s.shape
+    u, prefix, suffix = torch.empty_like(v_s), torch.empty_like(lf_s), torch.empty_like(lf_s)
+    z, m = v_s.new_empty(b, h, r, 1), v_s.new_empty(b, h, r, 1)
     if len(chunks) == 1:
-        geo = _Geometry(lf_s, leaf)
-        u, z, m = _chunk_forward(q_s, k_s, v_s, geo, fused)
-        prefix, suffix = geo.prefix, geo.suffix
+        _chunk_forward(q_s, k_s, v_s, _Geometry(lf_s, leaf), fused, u, z, m, prefix, suffix)
     else:
-        b, h, r, dv = v_s.shape
-        u, prefix, suffix = torch.empty_like(v_s), torch.empty_like(lf_s), torch.empty_like(lf_s)
-        z, m = v_s.new_empty(b, h, r, 1), v_s.new_empty(b, h, r, 1)
         for c0, c1 in chunks:
             geo = _Geometry(_rows(lf_s, c0, c1), leaf)
-            u[:, :, c0:c1], z[:, :, c0:c1], m[:, :, c0:c1] = _chunk_forward(
-                *(_rows(x, c0, c1) for x in (q_s, k_s, v_s)), geo, fused)
-            prefix[:, :, c0:c1], suffix[:, :, c0:c1] = geo.prefix, geo.suffix
+            _chunk_forward(*(_rows(x, c0, c1) for x in (q_s, k_s, v_s)), geo, fused,
+                           *(x[:, :, c0:c1] for x in (u, z, m, prefix, suffix)))
         for level in _tree_levels(prefix, suffix, chunks[0][1]):
             _level_forward(*level, q_s, k_s, v_s, u, z, m, fused)
     if early_k is not None:
@@ -486,26 +485,23 @@ def _superblock_backward(q_s: torch.Tensor, k_s: torch.Tensor, v_s: torch.Tensor
                          early_k: torch.Tensor | None, early_v: torch.Tensor | None, g_s: torch.Tensor,
                          o_s: torch.Tensor, lse_s: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor):
     """Gradients of one super-block: (dq, dk, dv) of its own rows written into the given (B, H, R, .) views (dk and
-    dv must hold zeros; dq without the scale: the caller applies it). Returns (d early_k, d early_v) of the earlier
-    keys and the decays to the super-block's start and end (as ``_superblock_forward``).
+    dv must hold zeros, dq is overwritten; dq without the scale: the caller applies it). Returns (d early_k,
+    d early_v) of the earlier keys and the decays to the super-block's start and end (as ``_superblock_forward``).
 
     ``q_s`` is already multiplied by the softmax scale.
     """
     fused = _fused(q_s)
     neg_delta = -(g_s * o_s).sum(-1, keepdim=True)                             # -delta_i, (B, H, R, 1)
     chunks = _chunks(q_s.shape[2], leaf)
+    dq.zero_()
+    prefix, suffix = torch.empty_like(lf_s), torch.empty_like(lf_s)
     if len(chunks) == 1:
-        geo = _Geometry(lf_s, leaf)
-        for out, grad in zip((dq, dk, dv), _chunk_backward(q_s, k_s, v_s, g_s, neg_delta, lse_s, geo, fused)):
-            out.copy_(grad)
-        prefix, suffix = geo.prefix, geo.suffix
+        _chunk_backward(q_s, k_s, v_s, g_s, neg_delta, lse_s, _Geometry(lf_s, leaf), fused, dq, dk, dv, prefix, suffix)
     else:
-        prefix, suffix = torch.empty_like(lf_s), torch.empty_like(lf_s)
         for c0, c1 in chunks:
             geo = _Geometry(_rows(lf_s, c0, c1), leaf)
-            dq[:, :, c0:c1], dk[:, :, c0:c1], dv[:, :, c0:c1] = _chunk_backward(
-                *(_rows(x, c0, c1) for x in (q_s, k_s, v_s, g_s, neg_delta, lse_s)), geo, fused)
-            prefix[:, :, c0:c1], suffix[:, :, c0:c1] = geo.prefix, geo.suffix
+            _chunk_backward(*(_rows(x, c0, c1) for x in (q_s, k_s, v_s, g_s, neg_delta, lse_s)), geo, fused,
+                            *(x[:, :, c0:c1] for x in (dq, dk, dv, prefix, suffix)))
         for level in _tree_levels(prefix, suffix, chunks[0][1]):
             _level_backward(*level, q_s, k_s, v_s, g_s, neg_delta, lse_s, dq, dk, dv, fused)
     d_early_k = d_early_v = None
