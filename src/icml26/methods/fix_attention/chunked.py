@@ -14,8 +14,8 @@ FiX (per-channel decay, ``fix_attention_chunked``)
     decay exp(Lambda_i - Lambda_j), formed one diagonal (i - j = 1 .. C - 1) at a time. Keys before the super-block
     (earlier tokens, and a decode cache) use the super-block's start as boundary: that part is plain softmax
     attention over values decayed to the boundary (one in-place decay buffer, ``_EarlyDecay``), run on CPU by
-    torch's fused flash-attention kernel and merged by its log-sum-exp (``_early_attend``, ``_early_grads``; ``FUSED_EARLY = False`` or another device uses
-    plain matmuls). A tree level has the same structure (the right blocks attend to the left blocks through one
+    torch's fused flash-attention kernel and merged by its log-sum-exp (``_early_attend``, ``_early_grads``;
+    ``FUSED_EARLY = False`` or another device uses plain matmuls). A tree level has the same structure (the right blocks attend to the left blocks through one
     boundary), so on the fused path the levels of at least ``FUSED_LEVEL_MIN`` positions run through the same kernel,
     all sibling pairs of a level in one call; a super-block then spans the whole sequence (up to ``MAX_FUSED_ROWS``),
     its leaves and small levels done chunk by chunk (``CHUNK_ROWS``) and its large levels over all rows at once.
