@@ -15,12 +15,12 @@ FiX (per-channel decay, ``fix_attention_chunked``)
     (earlier tokens, and a decode cache) use the super-block's start as boundary: that part is plain softmax
     attention over values decayed to the boundary (one in-place decay buffer, ``_EarlyDecay``), run on CPU by
     torch's fused flash-attention kernel and merged by its log-sum-exp (``_early_attend``, ``_early_grads``;
-    ``FUSED_EARLY = False`` or another device uses plain matmuls). A tree level has the same structure (the right blocks attend to the left blocks through one
-    boundary), so on the fused path the levels of at least ``FUSED_LEVEL_MIN`` positions run through the same kernel,
-    all sibling pairs of a level in one call; a super-block then spans the whole sequence (up to ``MAX_FUSED_ROWS``),
-    its leaves and small levels done chunk by chunk (``CHUNK_ROWS``) and its large levels over all rows at once.
-    Nothing overflows; underflow to 0 is real forgetting. The log
-    decays are float32 sums local to each tree block, never differences of long prefix sums, so they keep float32
+    ``FUSED_EARLY = False`` or another device uses plain matmuls). A tree level has the same structure (the right
+    blocks attend to the left blocks through one boundary), so on the fused path the levels of at least
+    ``FUSED_LEVEL_MIN`` positions run through the same kernel, all sibling pairs of a level in one call; a
+    super-block then spans the whole sequence (up to ``MAX_FUSED_ROWS``), its leaves and small levels done chunk by
+    chunk (``CHUNK_ROWS``) and its large levels over all rows at once. Nothing overflows; underflow to 0 is real
+    forgetting. The log decays are float32 sums local to each tree block, never differences of long prefix sums, so they keep float32
     precision relative to their own size however large |Lambda| grows (see ``_Geometry``).
 
     The softmax is accumulated online (flash-attention style: running row max, rescaled partial sums), and a custom
