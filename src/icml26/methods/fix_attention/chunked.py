@@ -20,8 +20,8 @@ FiX (per-channel decay, ``fix_attention_chunked``)
     ``FUSED_LEVEL_MIN`` positions run through the same kernel, all sibling pairs of a level in one call; a
     super-block then spans the whole sequence (up to ``MAX_FUSED_ROWS``), its leaves and small levels done chunk by
     chunk (``CHUNK_ROWS``) and its large levels over all rows at once. Nothing overflows; underflow to 0 is real
-    forgetting. The log decays are float32 sums local to each tree block, never differences of long prefix sums, so they keep float32
-    precision relative to their own size however large |Lambda| grows (see ``_Geometry``).
+    forgetting. The log decays are float32 sums local to each tree block, never differences of long prefix sums, so
+    they keep float32 precision relative to their own size however large |Lambda| grows (see ``_Geometry``).
 
     The softmax is accumulated online (flash-attention style: running row max, rescaled partial sums), and a custom
     autograd function recomputes the scores in the backward pass, so training memory is O(T d) per head, not
