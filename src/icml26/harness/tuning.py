@@ -129,7 +129,9 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
     Args:
         grids: arm -> its grid around its own natural scale. ``LogGrid`` sizes must be equal (equal budget).
         score: ``score(arm, value, seed) -> float``, e.g. the validation loss after the full training budget.
-            Non-finite scores (divergence) lose.
+            Non-finite scores (divergence) lose. Under :func:`tuning_checkpoint` (the runner's prepare phase) a
+            resumed run replays recorded scores without calling ``score``, so it must not leave results that the
+            caller needs behind as side effects (lazy caches it refills itself are fine).
         mode: "min" or "max": which score is better.
         seeds: tuning seeds; the score of a value is its mean over them.
         max_extensions: how many times one arm's grid may grow past an edge.
