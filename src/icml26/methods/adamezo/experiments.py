@@ -417,7 +417,8 @@ SPECS = [
         metric="forward passes to reach MeZO's best validation loss (SmolLM2-135M, comedy vs tragedy prompts)",
         arms=("adamezo", "mezo", "adam"), baseline="mezo", comparator=COMPARATOR,
         run=run_seed, prepare=tune_learning_rates, plot=plot_curves, checks=LM_CHECKS, null_value=0.0,
-        tiers={"smoke": _smollm2(3, n_train=16, n_val=4, batch_size=2, window=2, eval_every=3, grid_size=1),
+        tiers={"smoke": _smollm2(3, n_train=16, n_val=2, n_chars=60, batch_size=2, window=2, eval_every=3,
+                                 grid_size=1),
                "full": _smollm2(1000)},
         seeds={"smoke": 1, "full": 3},
         notes="Full tier only (hours on 2 CPU cores). Zeroth-order on LoRA factors (r=8 on q_proj, v_proj) of "
