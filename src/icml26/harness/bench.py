@@ -267,14 +267,19 @@ def _fmt(value: Any) -> str:
     return "—" if value is None else str(value)
 
 
-def bench_table(records: list[dict[str, Any]], threads: list[int]) -> str:
-    """The markdown page: one row per (script, ratio), one column per thread count, then the machines."""
+def _ratio_rows(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[int, Any]]:
+    """(room, script, ratio label) -> {threads: ratio, or the run's status when it failed}, in record order."""
     rows: dict[tuple[str, str, str], dict[int, Any]] = {}
     for rec in records:
-        labels = rec["ratios"] or {"(no ratios)": None}
-        for label, value in labels.items():
+        for label, value in (rec["ratios"] or {"(no ratios)": None}).items():
             rows.setdefault((rec["room"], rec["script"], label), {})[rec["threads"]] = (
                 value if rec["status"] == "ok" else rec["status"])
+    return rows
+
+
+def bench_table(records: list[dict[str, Any]], threads: list[int]) -> str:
+    """The markdown page: one row per (script, ratio), one column per thread count, then the machines."""
+    rows = _ratio_rows(records)
     first = records[0]["machine"] if records else machine_info()
     lines = ["# Benchmark ratios (`icml26 bench`)", "",
              f"Machine: {first['cpu_model']}, {first['cpu_count']} cores, torch {first['torch']} ({first['blas']}, "
@@ -316,12 +321,7 @@ def room_table(records: list[dict[str, Any]], room: str, threads: list[int]) -> 
              + "; each ratio is its script's own, as its label says (JSONs in `results/benchmarks/`).", "",
              "| script | ratio | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads) + " |",
              "| --- | --- | " + " | ".join("---" for _ in threads) + " |"]
-    rows: dict[tuple[str, str], dict[int, Any]] = {}
-    for rec in mine:
-        for label, value in (rec["ratios"] or {"(no ratios)": None}).items():
-            rows.setdefault((rec["script"], label), {})[rec["threads"]] = (
-                value if rec["status"] == "ok" else rec["status"])
-    for (script, label), by_thread in rows.items():
+    for (_, script, label), by_thread in _ratio_rows(mine).items():
         lines.append(f"| `{script}` | {label} | " + " | ".join(_fmt(by_thread.get(t)) for t in threads) + " |")
     return "\n".join(lines) + "\n"
 

@@ -343,16 +343,22 @@ def _merge(u: torch.Tensor, z: torch.Tensor, m: torch.Tensor, o_d: torch.Tensor,
     m.copy_(m_new)
 
 
+def _rights(pair, *xs: torch.Tensor) -> list[torch.Tensor]:
+    """The right block of every sibling pair of each tensor: views, so in-place updates reach the tensor."""
+    return [pair(x)[0] for x in xs]
+
+
+def _lefts(pair, *xs: torch.Tensor) -> list[torch.Tensor]:
+    """The left block of every sibling pair of each tensor (views)."""
+    return [pair(x)[1] for x in xs]
+
+
 def _level_forward(size: int, pair, q_decay: torch.Tensor, k_decay: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                    v: torch.Tensor, u: torch.Tensor, z: torch.Tensor, m: torch.Tensor, fused: bool) -> None:
     """One tree level of the forward pass: the right block of every sibling pair attends to the left block through
     the boundary between them, merged into the running (u, z, m) of the right block in place."""
-    q_right, _ = pair(q)
-    _, k_left = pair(k)
-    _, v_left = pair(v)
-    u_right, _ = pair(u)
-    z_right, _ = pair(z)
-    m_right, _ = pair(m)
+    q_right, u_right, z_right, m_right = _rights(pair, q, u, z, m)
+    k_left, v_left = _lefts(pair, k, v)
     if fused and size >= FUSED_LEVEL_MIN:
         # All sibling pairs of the level in one fused call; merged by log-sum-exp like the earlier keys.
         o_l, lse_l = _early_attend(_pairs4(q_right), _pairs4(k_left), _pairs4(k_decay * v_left))
@@ -372,24 +378,19 @@ def _level_backward(size: int, pair, q_decay: torch.Tensor, k_decay: torch.Tenso
                     v: torch.Tensor, g: torch.Tensor, neg_delta: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor,
                     dk: torch.Tensor, dv: torch.Tensor, fused: bool) -> None:
     """One tree level of the backward pass, accumulated into (dq, dk, dv) in place (dq without the scale)."""
-    q_right, _ = pair(q)
-    _, k_left = pair(k)
-    _, v_left = pair(v)
-    g_right, _ = pair(g)
-    dq_right, _ = pair(dq)
-    _, dk_left = pair(dk)
-    _, dv_left = pair(dv)
+    q_right, g_right, dq_right, neg_delta_right, lse_right = _rights(pair, q, g, dq, neg_delta, lse)
+    k_left, v_left, dk_left, dv_left = _lefts(pair, k, v, dk, dv)
     if fused and size >= FUSED_LEVEL_MIN:
         dq_l, dk_l, dv_l = _early_grads(_pairs4(q_right), _pairs4(k_left), _pairs4(v_left), _pairs4(q_decay),
-                                        _pairs4(g_right), _pairs4(pair(neg_delta)[0]), _pairs4(pair(lse)[0]),
+                                        _pairs4(g_right), _pairs4(neg_delta_right), _pairs4(lse_right),
                                         v_factor=_pairs4(k_decay))
         dq_right.add_(dq_l.view_as(dq_right))
         dk_left.add_(dk_l.view_as(dk_left))
         dv_left.addcmul_(k_decay, dv_l.view_as(dv_left))
         return
-    p = _mm(q_right, k_left.transpose(-1, -2), pair(lse)[0].neg()).exp_()
+    p = _mm(q_right, k_left.transpose(-1, -2), lse_right.neg()).exp_()
     qg = q_decay * g_right
-    ds = _mm(qg, (k_decay * v_left).transpose(-1, -2), pair(neg_delta)[0]).mul_(p)
+    ds = _mm(qg, (k_decay * v_left).transpose(-1, -2), neg_delta_right).mul_(p)
     dq_right.add_(_mm(ds, k_left))
     dk_left.add_(_mm(ds.transpose(-1, -2), q_right))
     dv_left.addcmul_(k_decay, _mm(p.transpose(-1, -2), qg))
