@@ -14,6 +14,7 @@ TIER ?= quick
 OUT ?= results
 # Rooms run JOBS at a time, each in its own process with cpu_count / JOBS torch threads.
 JOBS ?= 2
+TEST_WORKERS ?= auto
 
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -40,8 +41,10 @@ install: $(STAMP)
 reproduce: $(STAMP)
 	$(VENV)/bin/icml26 reproduce --tier $(TIER) --out $(OUT) --jobs $(JOBS)
 
+# The suite runs in TEST_WORKERS pytest-xdist processes (auto: one per core), each with its share of the
+# cores as torch threads (tests/conftest.py); TEST_WORKERS=0 runs it in this process.
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # Every benchmarks/*.py with a BENCH entry, once per thread count in its own process; writes the ratio table
 # the cards quote (and rewrites the tables between the cards' bench markers) and one JSON per script and thread

@@ -1,12 +1,23 @@
 """Suite-wide settings: no network for transformers, no progress bars in test logs, and a one-thread fixture."""
 
 import os
+import sys
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ICML26_PROGRESS", "0")
+
+# `make test` runs the suite in pytest-xdist workers (one per core). Each worker, and every subprocess a test
+# starts, gets an equal share of the cores as torch threads: two workers with two intra-op threads each on a
+# 2-core machine mostly wait on each other (small tensors; see `one_thread`).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _share = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
+    os.environ.setdefault("MKL_NUM_THREADS", _share)
+    if "torch" in sys.modules:  # a plugin imported torch before this file: its pool size is already fixed
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="module")
