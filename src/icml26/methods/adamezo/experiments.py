@@ -421,7 +421,7 @@ SPECS = [
                                  grid_size=1),
                "full": _smollm2(1000)},
         seeds={"smoke": 1, "full": 3},
-        notes="Full tier only (hours on 2 CPU cores). Zeroth-order on LoRA factors (r=8 on q_proj, v_proj) of "
+        notes="Full tier only (~90 core-hours on CPU). Zeroth-order on LoRA factors (r=8 on q_proj, v_proj) of "
               "SmolLM2-135M-Instruct, MeZO's --lora mode; the paper uses OPT-1.3B/13B and LLaMA-3-3B on SuperGLUE.",
     ),
 ]

@@ -623,7 +623,7 @@ SPECS = (
            "LoRA on all 5 Linear layers, mean ranks 4 (main), 2 and 8. The paper uses 7B LLMs on GLUE, "
            "commonsense and arithmetic tasks.")
     + _specs("smollm2", _SMOLLM2_TIERS, {"smoke": 1, "full": 3},
-             "Full tier only (hours on 2 CPU cores): SmolLM2-135M-Instruct, comedy-vs-tragedy prompts on real "
+             "Full tier only (~106 core-hours on CPU): SmolLM2-135M-Instruct, comedy-vs-tragedy prompts on real "
              "Shakespeare passages, LoRA on q/k/v/o/gate/up/down of all 30 layers (210 modules), mean ranks "
              "8 (main), 4 and 16.")
 )

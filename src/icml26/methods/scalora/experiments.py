@@ -463,7 +463,7 @@ SPECS = [
                              eval_every=2, relora_every=2, relora_warmup=1, threads=1, grid_size=1,
                              proxy_options=["adam"]),
            "full": _lm_text(600)},
-          "Full tier only (hours on 2 CPU cores). SmolLM2-135M-Instruct, r=8 on q_proj and v_proj, causal LM loss "
+          "Full tier only (~60 core-hours on CPU). SmolLM2-135M-Instruct, r=8 on q_proj and v_proj, causal LM loss "
           "on Shakespeare's First Folio (original spelling); the paper uses LLaMA2-7B/LLaMA3-8B/Gemma3-12B.",
           "arXiv 2510.23818, abstract; Tables 2-4"),
 ]
