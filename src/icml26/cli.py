@@ -49,7 +49,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     try:
         results = reproduce(args.rooms or None, args.tier, Path(args.out), n_seeds=args.seeds, force=args.force,
                             spec_ids=args.spec, device=args.device,
-                            precision=None if args.dtype == "fp32" else args.dtype, jobs=args.jobs)
+                            precision=None if args.dtype == "fp32" else args.dtype, jobs=args.jobs,
+                            seed_jobs=args.seed_jobs)
     except ValueError as err:  # an unknown --spec, an unreadable result file: said in one line
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -161,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rerun specs whose results are complete")
     p.add_argument("--jobs", type=_positive_int, default=1, help="run this many rooms at once, each in its own "
                    "process with cpu_count / JOBS torch threads (default 1: one after another in this process)")
+    p.add_argument("--seed-jobs", type=_positive_int, default=1, help="run this many seeds of a spec at once, "
+                   "each in its own process with cpu_count / SEED_JOBS torch threads, after its tuning (default 1)")
     p.add_argument("--device", default=None, help="torch device the claims run on, e.g. cuda (default: CPU); "
                    "recorded in each result")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="fp32 (default), or mixed "

@@ -314,6 +314,35 @@ def test_jobs_run_rooms_in_worker_processes_with_the_same_results_as_in_process(
         reproduce(["salaad"], "smoke", tmp_path / "x", jobs=0)
 
 
+def test_seed_jobs_run_seeds_in_worker_processes_with_the_same_results_and_metrics(tmp_path):
+    """``seed_jobs=2`` runs the seeds of one spec in two worker processes after the prepare phase: the same
+    per-seed results as one after another here, every seed's metric records in SPEC.metrics.jsonl (none
+    interleaved, no worker file left behind), and a bad count is refused."""
+    import itertools
+
+    from icml26.core.logging import read_jsonl
+    from icml26.harness.runner import reproduce
+
+    spec_ids = ["teacher_student"]
+    serial = reproduce(["scalora"], "smoke", tmp_path / "serial", spec_ids=spec_ids, n_seeds=2)[0]
+    parallel = reproduce(["scalora"], "smoke", tmp_path / "parallel", spec_ids=spec_ids, n_seeds=2,
+                         seed_jobs=2)[0]
+    assert parallel["status"] == "complete" and [r["seed"] for r in parallel["seed_results"]] == [0, 1]
+    for name in serial["statistics"]:
+        assert parallel["statistics"][name]["per_seed"] == pytest.approx(
+            serial["statistics"][name]["per_seed"], rel=1e-4, abs=1e-6, nan_ok=True)
+    folder = tmp_path / "parallel" / "scalora"
+    records = read_jsonl(folder / "teacher_student.metrics.jsonl")
+    seeded = [r for r in records if r.get("phase") != "prepare"]  # (the tuning was memoised by the serial run)
+    blocks = [seed for seed, _ in itertools.groupby(r["seed"] for r in seeded)]
+    assert sorted(blocks) == [0, 1]  # one contiguous block of records per seed
+    trained = {arm for arm in parallel["arms"] if arm in {r.get("arm") for r in seeded}}
+    assert trained and {(r["seed"], r["arm"]) for r in seeded} == {(s, a) for s in (0, 1) for a in trained}
+    assert not list(folder.glob("*.part"))
+    with pytest.raises(ValueError, match="seed_jobs"):
+        reproduce(["scalora"], "smoke", tmp_path / "x", spec_ids=spec_ids, seed_jobs=0)
+
+
 def test_cli_rejects_a_bad_jobs_count(capsys):
     from icml26.cli import main
 

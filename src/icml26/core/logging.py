@@ -27,7 +27,11 @@ class JsonlLogger:
         self.tags: dict[str, Any] = {}  # merged into every record, e.g. {"seed": 2} set by the runner
 
     def log(self, step: int, **metrics: Any) -> None:
-        record = {"step": step, "time": round(time.perf_counter() - self._start, 4), **self.tags, **metrics}
+        self.write_record({"step": step, "time": round(time.perf_counter() - self._start, 4), **self.tags,
+                           **metrics})
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        """Append one whole record as it is (e.g. one that a worker process's logger wrote)."""
         self._handle.write(json.dumps(_jsonable(record)) + "\n")
         self._handle.flush()
 

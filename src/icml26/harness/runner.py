@@ -20,7 +20,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ..core.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 from ..core.logging import metric_log, read_jsonl
@@ -206,12 +206,18 @@ def _plot(spec: ExperimentSpec, result: dict, path: Path) -> str | None:
 
 
 def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None = None, force: bool = False,
-             overrides: dict | None = None, device: str | None = None, precision: str | None = None) -> dict:
+             overrides: dict | None = None, device: str | None = None, precision: str | None = None,
+             seed_jobs: int = 1) -> dict:
     """Run one spec at ``tier`` and write its result file; returns the result dict.
 
     ``device`` (e.g. "cuda") becomes torch's default device while the spec runs, and ``precision`` ("bf16" or
     "fp16") runs it under autocast; both are part of the result's identity, so results from different devices
-    or precisions never mix seeds."""
+    or precisions never mix seeds. ``seed_jobs`` > 1 runs that many of the remaining seeds at once, each in a
+    fresh worker process with ``cpu_count // seed_jobs`` torch threads, after the prepare phase (which stays in
+    this process); a seed's result is a function of its seed, so it does not change the numbers, only the wall
+    time (and ``peak_rss_bytes``, which then covers this process only)."""
+    if not isinstance(seed_jobs, int) or seed_jobs < 1:
+        raise ValueError(f"seed_jobs must be a positive integer, got {seed_jobs!r}")
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)} (or None for fp32), got {precision!r}")
     if tier not in TIERS:
@@ -281,10 +287,12 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                     result["prepared"] = prepared = spec.prepare(config)
                 write("running")
                 tuning_path.unlink(missing_ok=True)
-            for seed in progress([s for s in seeds if s not in done], desc=f"{spec.room}/{spec.id} [{tier}] seeds"):
-                logger.tags = {"seed": seed}
-                res = spec.run(config, seed, prepared)
-                res["seed"] = seed
+            todo = [s for s in seeds if s not in done]
+            if seed_jobs > 1 and len(todo) > 1:
+                finished = _run_seeds_in_workers(spec, config, todo, prepared, seed_jobs, device, precision, logger)
+            else:
+                finished = _run_seeds_here(spec, config, todo, prepared, logger)
+            for res in progress(finished, total=len(todo), desc=f"{spec.room}/{spec.id} [{tier}] seeds"):
                 seed_results.append(res)
                 seed_results.sort(key=lambda r: r["seed"])
                 write("running")
@@ -302,6 +310,68 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
     result["plot"] = _plot(spec, result, path.with_suffix(".png"))
     atomic_write_json(path, result)
     return result
+
+
+def _run_seeds_here(spec: ExperimentSpec, config: dict, seeds: list[int], prepared: Any,
+                    logger) -> Iterator[dict]:
+    """Each seed's result, one after another in this process (metrics tagged with the seed)."""
+    for seed in seeds:
+        logger.tags = {"seed": seed}
+        res = spec.run(config, seed, prepared)
+        res["seed"] = seed
+        yield res
+
+
+def _run_seeds_in_workers(spec: ExperimentSpec, config: dict, seeds: list[int], prepared: Any, jobs: int,
+                          device: str | None, precision: str | None, logger) -> Iterator[dict]:
+    """Each seed's result as its worker process finishes it. A worker logs to its own metrics file, whose records
+    are appended to ``logger``'s when the seed is done, so SPEC.metrics.jsonl never interleaves two seeds' lines
+    and a killed run keeps only whole seeds."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    # The spec is found again by room and id in the worker: several rooms build their run functions as closures.
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               max_tasks_per_child=1)
+    parts = {seed: logger.path.with_name(f"{logger.path.name}.seed{seed}.part") for seed in seeds}
+    for part in parts.values():  # left by a run that was killed outright
+        part.unlink(missing_ok=True)
+    try:
+        pending = {pool.submit(_run_seed_in_worker, spec.room, spec.id, config, seed, prepared, threads, device,
+                               precision, str(parts[seed])): seed for seed in seeds}
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                seed = pending.pop(future)
+                res = future.result()  # a failed seed re-raises here; the others are cancelled below
+                part = parts[seed]
+                if part.exists():
+                    for record in read_jsonl(part):
+                        logger.write_record(record)
+                    part.unlink()
+                yield res
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        for part in parts.values():  # what an unfinished seed logged is dropped with it
+            part.unlink(missing_ok=True)
+    pool.shutdown(wait=True)
+
+
+def _run_seed_in_worker(room: str, spec_id: str, config: dict, seed: int, prepared: Any, threads: int,
+                        device: str | None, precision: str | None, metrics_part: str) -> dict:
+    """Worker-process entry of ``run_spec(seed_jobs > 1)``: one seed of one spec, logging to ``metrics_part``."""
+    import torch
+
+    torch.set_num_threads(threads)
+    spec = {s.id: s for s in specs_for(room)}[spec_id]
+    with metric_log(metrics_part) as logger, _default_device(device), _autocast(precision, device):
+        logger.tags = {"seed": seed}
+        res = spec.run(config, seed, prepared)
+    res["seed"] = seed
+    return res
 
 
 def evaluate_checks(spec: ExperimentSpec, seed_results: list[dict], prepared: Any) -> list[dict]:
@@ -327,14 +397,15 @@ def reproducible_rooms() -> list[str]:
 
 def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int | None = None,
               force: bool = False, spec_ids: Iterable[str] | None = None, device: str | None = None,
-              precision: str | None = None, jobs: int = 1) -> list[dict]:
+              precision: str | None = None, jobs: int = 1, seed_jobs: int = 1) -> list[dict]:
     """Run every spec of ``rooms`` (all implemented rooms when None) and return their results, in spec order.
 
     ``jobs`` > 1 runs that many rooms at once, each in a fresh worker process with ``cpu_count // jobs`` torch
     threads (so ``jobs=2`` on 2 cores gives each room one core). A room's specs stay together in one process
     because several rooms share trainings between their specs in memory. A fresh process per room also keeps one
     room's global settings (torch threads, default dtype, RNG state) from leaking into the next. Rooms whose
-    earlier results in ``out`` took longest start first, which packs the workers better on a rerun."""
+    earlier results in ``out`` took longest start first, which packs the workers better on a rerun. ``seed_jobs``
+    goes to :func:`run_spec` (seeds of one spec at once, in worker processes)."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
     names = list(rooms) if rooms else reproducible_rooms()
@@ -345,7 +416,7 @@ def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int
         raise ValueError(f"unknown --spec {', '.join(sorted(unknown))}; the specs of {', '.join(names)} are: "
                          f"{', '.join(spec.id for spec in chosen)}")
     todo = [spec for spec in chosen if (not wanted or spec.id in wanted) and tier in spec.tiers]
-    options = dict(n_seeds=n_seeds, force=force, device=device, precision=precision)
+    options = dict(n_seeds=n_seeds, force=force, device=device, precision=precision, seed_jobs=seed_jobs)
     by_room: dict[str, list[str]] = {}
     for spec in todo:
         by_room.setdefault(spec.room, []).append(spec.id)
