@@ -85,7 +85,7 @@ ROOMS: tuple[RoomEntry, ...] = (
     RoomEntry("entropy_rft", "trainer", "On the entropy dynamics in reinforcement fine-tuning of LLMs",
               "2602.03392", "GRPO with entropy-discriminator clipping", ("llm", "rl"), "done"),
     RoomEntry("calm", "science", "CalM: a self-supervised foundation model for calcium imaging population dynamics",
-              "2604.04958", "calcium-imaging forecasting model and benchmark", (), "partial"),
+              "2604.04958", "calcium-imaging forecasting model and benchmark", (), "done"),
     RoomEntry("sherpa", "science", "SHERPA: fine-tuning segment-anything models with guidance from a small SAM",
               "", "small-guides-large promptable segmentation fine-tuning", (), "done"),
     RoomEntry("omni_fmri", "science", "Omni-fMRI: an atlas-free voxel-level fMRI foundation model",
