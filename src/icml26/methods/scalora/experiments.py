@@ -30,7 +30,6 @@ from torch import nn
 
 from ...core.adapters import AdapterConfig, LoRALinear, find_target_modules, inject_adapters
 from ...core.logging import log_metrics
-from ...core.progress import progress
 from ...core.seeding import seed_everything
 from ...harness.plots import plot_mean_curves
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
