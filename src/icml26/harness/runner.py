@@ -215,7 +215,8 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
     or precisions never mix seeds. ``seed_jobs`` > 1 runs that many of the remaining seeds at once, each in a
     fresh worker process with ``cpu_count // seed_jobs`` torch threads, after the prepare phase (which stays in
     this process); a seed's result is a function of its seed, so it does not change the numbers, only the wall
-    time (and ``peak_rss_bytes``, which then covers this process only)."""
+    time (and ``peak_rss_bytes``, which then covers this process only). The workers find the spec again by
+    room and id, so it must be one a room registers (``specs_for``)."""
     if not isinstance(seed_jobs, int) or seed_jobs < 1:
         raise ValueError(f"seed_jobs must be a positive integer, got {seed_jobs!r}")
     if precision is not None and precision not in PRECISIONS:
