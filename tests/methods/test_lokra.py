@@ -329,6 +329,29 @@ def test_digits_claim_runs_at_smoke_tier_with_equal_budgets(tmp_path):
     assert {c["name"] for c in result["mechanism_checks"]} >= {"factor_msc_drop_lokra", "tuned_inside_grid"}
 
 
+def test_default_lambda_and_its_value_share_one_training():
+    """The lr tuning trains the LoKRA arms at the default penalty weight (lam=None) and the lambda list lists that
+    value again: both are one memoised run, and training at the spelled-out value from scratch gives the same
+    model as the default did (so reusing it changes no number)."""
+    from icml26.methods.lokra import experiments
+
+    source = next(s for s in experiments.SPECS if s.id == "digits_lokra")
+    config = dict(source.tiers["smoke"])
+    default = LoKRAConfig(**config.get("lokra", {})).lam
+    lr = config["lr_centers"]["lokra"]
+    by_default = experiments.train_arm("lokra", config, 7, lr)
+    assert experiments.train_arm("lokra", config, 7, lr, default) is by_default
+    assert experiments.train_arm("lora", config, 7, lr, 0.5) is experiments.train_arm("lora", config, 7, lr)
+    saved = dict(experiments._RUNS)
+    experiments._RUNS.clear()
+    try:
+        fresh = experiments.train_arm("lokra", config, 7, lr, default)
+    finally:
+        experiments._RUNS.clear()
+        experiments._RUNS.update(saved)
+    assert fresh["final"] == by_default["final"] and fresh["penalty"] == by_default["penalty"]
+
+
 def test_null_arm_method_switched_back_to_lora_fails_every_comparator():
     """Both method arms built as LoRA (same init, same rate, no penalty): every spec's statistic is its null
     value, which its comparator rejects. ``run_seed`` computes every statistic on any task, so one digits smoke

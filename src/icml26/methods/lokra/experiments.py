@@ -267,6 +267,10 @@ def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float, lam: fl
     """Train one arm for ``config['steps']`` AdamW steps; returns final metrics, the validation-loss curve, the
     per-layer update diagnostics (averaged) and the trainable count. ``lam`` overrides the penalty weight of the
     LoKRA arms. Memoised on (config, arm, seed, lr, lam)."""
+    if arm == "lora" or arm in config.get("as_baseline", ()):
+        lam = None  # no penalty: any lam trains the same model
+    elif lam is None:  # the default spelled out, so the lambda list's default value reuses the lr tuning's run
+        lam = LoKRAConfig(**config.get("lokra", {})).lam
     key = json.dumps({"config": dict(config), "arm": arm, "seed": seed, "lr": lr, "lam": lam}, sort_keys=True,
                      default=str)
     if key in _RUNS:
