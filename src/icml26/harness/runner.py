@@ -328,37 +328,28 @@ def _run_seeds_in_workers(spec: ExperimentSpec, config: dict, seeds: list[int], 
     """Each seed's result as its worker process finishes it. A worker logs to its own metrics file, whose records
     are appended to ``logger``'s when the seed is done, so SPEC.metrics.jsonl never interleaves two seeds' lines
     and a killed run keeps only whole seeds."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, wait
 
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    # The spec is found again by room and id in the worker: several rooms build their run functions as closures.
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               max_tasks_per_child=1)
     parts = {seed: logger.path.with_name(f"{logger.path.name}.seed{seed}.part") for seed in seeds}
     for part in parts.values():  # left by a run that was killed outright
         part.unlink(missing_ok=True)
     try:
-        pending = {pool.submit(_run_seed_in_worker, spec.room, spec.id, config, seed, prepared, threads, device,
-                               precision, str(parts[seed])): seed for seed in seeds}
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                seed = pending.pop(future)
-                res = future.result()  # a failed seed re-raises here; the others are cancelled below
-                part = parts[seed]
-                if part.exists():
-                    for record in read_jsonl(part):
-                        logger.write_record(record)
-                    part.unlink()
-                yield res
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
+        with _worker_pool(jobs) as (pool, threads):
+            pending = {pool.submit(_run_seed_in_worker, spec.room, spec.id, config, seed, prepared, threads, device,
+                                   precision, str(parts[seed])): seed for seed in seeds}
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    seed = pending.pop(future)
+                    res = future.result()  # a failed seed re-raises here; the others are cancelled
+                    if parts[seed].exists():
+                        for record in read_jsonl(parts[seed]):
+                            logger.write_record(record)
+                        parts[seed].unlink()
+                    yield res
     finally:
         for part in parts.values():  # what an unfinished seed logged is dropped with it
             part.unlink(missing_ok=True)
-    pool.shutdown(wait=True)
 
 
 def _run_seed_in_worker(room: str, spec_id: str, config: dict, seed: int, prepared: Any, threads: int,
@@ -428,27 +419,37 @@ def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int
 
 def _reproduce_in_workers(todo: list[ExperimentSpec], by_room: dict[str, list[str]], tier: str, out: Path,
                           jobs: int, options: dict) -> list[dict]:
-    import multiprocessing
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_EXCEPTION, wait
 
-    threads = max(1, (os.cpu_count() or 1) // jobs)
     earlier = {room: sum(_earlier_wall_time(result_path(out, s)) for s in todo if s.room == room) for room in by_room}
-    # Rooms are sent by name and spec id, not pickled: several rooms build their run functions as closures.
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                               max_tasks_per_child=1)
     futures = {}
-    try:
+    with _worker_pool(jobs) as (pool, threads):
         for room in sorted(by_room, key=lambda r: -earlier[r]):
             futures[room] = pool.submit(_run_room_in_worker, room, by_room[room], tier, str(out), threads, options)
         finished, _ = wait(futures.values(), return_when=FIRST_EXCEPTION)
         for future in finished:
-            future.result()  # re-raises the first room that failed, after the running ones finish below
+            future.result()  # re-raises the first room that failed, after the running ones finish
+    results = {(r["room"], r["spec"]): r for future in futures.values() for r in future.result()}
+    return [results[(spec.room, spec.id)] for spec in todo]
+
+
+@contextlib.contextmanager
+def _worker_pool(jobs: int):
+    """``(pool, threads)``: ``jobs`` spawned worker processes, each running one task in a fresh interpreter (one
+    room's or seed's global settings never leak into the next), and the torch threads each gets, cpu_count //
+    jobs. Work is sent by room name and spec id, not pickled: several rooms build their run functions as closures.
+    On an error or Ctrl-C the queued tasks are cancelled and the running ones finish before it propagates."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               max_tasks_per_child=1)
+    try:
+        yield pool, max(1, (os.cpu_count() or 1) // jobs)
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    results = {(r["room"], r["spec"]): r for future in futures.values() for r in future.result()}
-    return [results[(spec.room, spec.id)] for spec in todo]
 
 
 def _earlier_wall_time(path: Path) -> float:

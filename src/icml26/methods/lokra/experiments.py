@@ -70,9 +70,15 @@ class Task:
     evaluate: Callable[[nn.Module], dict[str, float]]
 
 
+def _is_lora(arm: str, config: Mapping[str, Any]) -> bool:
+    """The arm trains plain LoRA: the baseline, or a method arm switched back to it (``as_baseline``, the tests'
+    null arm)."""
+    return arm == "lora" or arm in config.get("as_baseline", ())
+
+
 def _adapter_make(arm: str, config: Mapping[str, Any], lam: float | None = None):
     lokra = LoKRAConfig(**{**config.get("lokra", {}), **({"lam": lam} if lam is not None else {})})
-    if arm == "lora" or arm in config.get("as_baseline", ()):  # as_baseline: the null arm of the tests
+    if _is_lora(arm, config):
         return lambda linear, r, alpha, name: LoRALinear(linear, r, alpha)
     if arm == "lokra":
         return lokra_make(lokra)
@@ -267,7 +273,7 @@ def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float, lam: fl
     """Train one arm for ``config['steps']`` AdamW steps; returns final metrics, the validation-loss curve, the
     per-layer update diagnostics (averaged) and the trainable count. ``lam`` overrides the penalty weight of the
     LoKRA arms. Memoised on (config, arm, seed, lr, lam)."""
-    if arm == "lora" or arm in config.get("as_baseline", ()):
+    if _is_lora(arm, config):
         lam = None  # no penalty: any lam trains the same model
     elif lam is None:  # the default spelled out, so the lambda list's default value reuses the lr tuning's run
         lam = LoKRAConfig(**config.get("lokra", {})).lam
@@ -279,7 +285,7 @@ def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float, lam: fl
     model = task.model
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    penalised = arm != "lora" and arm not in config.get("as_baseline", ())
+    penalised = not _is_lora(arm, config)
     final = task.evaluate(model)
     curve = [(0, final["val_loss"])]
     wall = 0.0
