@@ -454,3 +454,24 @@ def test_null_arm_scalora_switched_back_to_its_baseline_fails_the_comparator(spe
     value = run_seed(config, 0, prepared)["statistics"][spec.comparator.statistic]
     assert value == pytest.approx(spec.null_value)
     assert not spec.comparator.holds(value)
+
+
+def test_default_proxy_and_its_name_share_one_training():
+    """The lr tuning trains ScaLoRA with the default proxy (proxy=None) and the proxy list names it again ("adam"):
+    both are one memoised run, and training "adam" from scratch gives the same curve (so reusing it changes no
+    number). Arms without a proxy ignore the argument."""
+    from icml26.methods.scalora import experiments
+
+    config = dict(next(s for s in experiments.SPECS if s.id == "teacher_student").tiers["smoke"])
+    lr = config["lr_centers"]["scalora"]
+    by_default = experiments.train_arm("scalora", config, 7, lr)
+    assert experiments.train_arm("scalora", config, 7, lr, experiments.DEFAULT_PROXY) is by_default
+    assert experiments.train_arm("lora", config, 7, lr, "sgd") is experiments.train_arm("lora", config, 7, lr)
+    saved = dict(experiments._RUNS)
+    experiments._RUNS.clear()
+    try:
+        fresh = experiments.train_arm("scalora", config, 7, lr, experiments.DEFAULT_PROXY)
+    finally:
+        experiments._RUNS.clear()
+        experiments._RUNS.update(saved)
+    assert fresh["curve"] == by_default["curve"]

@@ -52,6 +52,8 @@ ADAPTER_ARMS = ("scalora", "scalora_sgd_proxy", "lora", "relora")
 PROXY_OPTIONS = {"adam": {"proxy": "adam"}, "sgd": {"proxy": "sgd"}, "sgd_clamp": {"proxy": "sgd", "nonneg": "clamp"}}
 """ScaLoRA's reconstructed step proxy, tuned as options: the Adam-step proxy (our default under AdamW), the
 notes' gradient-step proxy with the exact non-negative solve, and the same with the notes' cheaper clamp."""
+DEFAULT_PROXY = "adam"
+"""What ``ScaLoRAOptimizer``'s default ``proxy='auto'`` picks under the AdamW every arm here trains with."""
 
 
 @dataclass
@@ -250,8 +252,7 @@ def _prepare_arm(arm: str, task: Task, config: Mapping[str, Any], lr: float, see
         return ReLoRAOptimizer(model, inner, every=config["relora_every"], rewarmup_steps=config["relora_warmup"],
                                prune_ratio=0.99, seed=seed), params
     if arm == "scalora":
-        options = PROXY_OPTIONS[proxy] if proxy is not None else {}
-        return ScaLoRAOptimizer(model, inner, **options), params
+        return ScaLoRAOptimizer(model, inner, **PROXY_OPTIONS[proxy or DEFAULT_PROXY]), params
     if arm == "scalora_sgd_proxy":
         return ScaLoRAOptimizer(model, inner, proxy="sgd"), params
     raise ValueError(f"unknown arm {arm!r}")
@@ -265,6 +266,10 @@ def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float, proxy: 
     effective ranks of the accumulated updates, its trainable-parameter count and wall time. ``proxy`` picks one
     of ``PROXY_OPTIONS`` for ScaLoRA. Memoised on (config, arm, seed, lr, proxy): the two specs of a task share
     their runs."""
+    if config.get("as_baseline", {}).get(arm, arm) != "scalora":
+        proxy = None  # only ScaLoRA has a step proxy: any value trains the same model
+    elif proxy is None:  # the default spelled out, so the proxy list's "adam" reuses the lr tuning's run
+        proxy = DEFAULT_PROXY
     key = json.dumps({"config": dict(config), "arm": arm, "seed": seed, "lr": lr, "proxy": proxy}, sort_keys=True,
                      default=str)
     if key not in _RUNS:
