@@ -340,6 +340,16 @@ def test_specs_share_tier_configs_and_keep_budgets_equal():
             _check_equal_budgets({"unweighted": {"trainable_params": planned}, "uniform": {"trainable_params": 100}})
 
 
+def test_every_mnist_tier_splits_within_the_fine_tuning_pool():
+    """Train, validation and test digits of every tier fit the images left after pretraining (the full tier once
+    asked for 2,900 of 2,500 and failed at its first launch)."""
+    from icml26.methods.csplora.experiments import _MNIST_TIERS, _mnist
+
+    n_images = len(_mnist()[0])
+    for tier, config in _MNIST_TIERS.items():
+        assert config["n_train"] + config["n_val"] + config["n_test"] <= n_images - config["n_pretrain"], tier
+
+
 @pytest.mark.parametrize("claim", ["vs_uniform", "vs_unweighted", "transfer"])
 def test_null_arm_plan_switched_back_to_its_baseline_fails_the_comparator(claim):
     """The CSPLoRA plan replaced by its baseline's plan (same rate, same seed): every gain is exactly 0, which the
