@@ -291,6 +291,19 @@ def test_clipb_acts_in_the_habit_setting():
     assert train_arm("grpo_clipb", config, 0, 3e-3, 1.0)["frac_clipped"] >= 0.01
 
 
+def test_every_arm_tunes_its_rate_at_the_middle_of_its_option_grid():
+    """Protocol v4: the rate stage runs each arm at the middle value of its second knob's grid (Clip_B's mu among
+    values that clip at this scale), so no arm's rate is tuned at an edge setting of its own knob."""
+    from icml26.methods.entropy_rft.experiments import SPECS
+
+    for tier in ("quick", "full"):
+        config = SPECS[1].tiers[tier]
+        grids = config["options"]
+        assert grids["grpo_clipb"][1] == config["mu"] and grids["grpo_entropy_bonus"][1] == config["entropy_coef"]
+        assert grids["grpo"][1] == 1.0  # plain GRPO's option multiplies the rate; None at the rate stage means 1.0
+        assert max(grids["grpo_clipb"]) < 2.5
+
+
 def test_tuning_gives_every_arm_the_same_budget(monkeypatch):
     from icml26.methods.entropy_rft import experiments
 
@@ -303,5 +316,6 @@ def test_tuning_gives_every_arm_the_same_budget(monkeypatch):
     monkeypatch.setattr(experiments, "_train_cached", fake)
     out = experiments.tune_arms(experiments.SPECS[1].tiers["quick"])["tuning"]
     counts = {arm: sum(1 for a, _ in calls if a == arm) for arm in experiments.ARMS}
-    assert len(set(counts.values())) == 1 and counts["grpo"] == 6 * len(experiments.CLIPB_TUNING_SEEDS) == 12 and all(s >= 1000 for _, s in calls)
+    assert len(set(counts.values())) == 1 and counts["grpo"] == 6 * len(experiments.CLIPB_TUNING_SEEDS) == 24
+    assert all(s >= 1000 for _, s in calls)
     assert out["lr"]["on_edge"] == []
