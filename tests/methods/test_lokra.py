@@ -368,3 +368,18 @@ def test_null_arm_method_switched_back_to_lora_fails_every_comparator():
         value = stats[spec.comparator.statistic]
         assert value == pytest.approx(spec.null_value, abs=1e-9), spec.id
         assert not spec.comparator.holds(value), spec.id
+
+
+def test_every_tiny_lm_tier_builds_every_arm():
+    """Each tier's adapters fit its model for every arm (the tiny-LM full tier once asked LoKRA+ for r=8 on a
+    384x128 projection, which cannot hold LoRA's budget, and failed at its first launch)."""
+    from icml26.methods.lokra.experiments import SPECS, _inject
+    from icml26.models.tiny_lm import TinyLM, TinyLMConfig
+
+    for spec in (s for s in SPECS if s.id.startswith("tiny_lm")):
+        for tier, config in spec.tiers.items():
+            for arm in spec.arms:
+                model = TinyLM(TinyLMConfig(d_model=config["d_model"], n_layers=config["n_layers"],
+                                            n_heads=config["n_heads"], max_seq_len=config["seq_len"]))
+                _inject(model, arm, config, 0)
+                assert sum(p.requires_grad for p in model.parameters()) > 0, (spec.id, tier, arm)

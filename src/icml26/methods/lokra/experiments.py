@@ -463,7 +463,10 @@ _DIGITS = {"smoke": _digits(pretrain_steps=200, n_train=200, steps=10, eval_ever
 _TINY = {"smoke": _tiny_lm(pretrain_steps=20, steps=4, eval_every=2, n_val_batches=1, batch_size=4, grid_size=1,
                            lam_options=[0.1]),
          "quick": _tiny_lm(),
-         "full": _tiny_lm(d_model=128, n_layers=4, pretrain_steps=2000, batch_size=16, steps=1000, eval_every=100)}
+         # r=12 is the smallest rank at which LoKRA+ fits LoRA's budget on both d=128 projections (amendment 1:
+         # r=8 raised at the first launch); alpha keeps the quick tier's alpha / r = 2.
+         "full": _tiny_lm(d_model=128, n_layers=4, pretrain_steps=2000, batch_size=16, steps=1000, eval_every=100,
+                          r=12, alpha=24.0)}
 _SMOL = {"smoke": _smollm2(n_train=4, n_val=2, n_chars=80, batch_size=1, steps=1, eval_every=1, grid_size=1,
                            lam_options=[0.1], targets=["layers.0.self_attn.q_proj", "layers.0.self_attn.v_proj"]),
          "full": _smollm2()}
