@@ -13,8 +13,9 @@ Protocol (pre-registered in README.md; identical for every arm):
    the ablations, PromptFL, the FedCLIP-style adapter and FedMaPLe (added after the quick-tier run, not part of any
    statistic) run at the smoke and full tiers only (quick-tier time budget).
 4. Tuning: the client learning rate of fedlora and feddtl, each on LogGrid(center 1e-3, factor 3, size 3) around
-   the paper's Adam 1e-3, scored by base-class validation accuracy on tuning seed 1000; ablations reuse feddtl's
-   (PromptFL, FedCLIP and FedMaPLe, where they run, each get their own grid of the same size).
+   the paper's Adam 1e-3, scored by base-class validation accuracy on tuning seed 1000 (quick tier v2: the mean over
+   seeds 1000 and 1001, and 10 reported seeds); ablations reuse feddtl's (PromptFL, FedCLIP and FedMaPLe, where
+   they run, each get their own grid of the same size).
 5. Statistics (per seed, paired): base_gain = base acc(feddtl) - base acc(fedlora) >= 0.01;
    novel_gain = novel acc(feddtl) - novel acc(fedlora) >= 0.01.
 6. Partitions and regimes (full tier only): the hm_gain_* specs below, one setting changed each (README.md):
