@@ -43,6 +43,8 @@ def test_result_file_has_provenance_metrics_and_verdict(tmp_path):
     assert "Student t" in on_disk["verdict_rule"] and (tmp_path / "toyroom" / "toy.png").exists()
     assert on_disk["bound"]["confidence"] == 0.9 and on_disk["bound"]["lower"] > 0.5
     assert {"threads", "device", "cpu_count"} <= set(on_disk["run_info"])
+    # tells machines apart; the instruction set torch uses is read only when a room has loaded torch (this one has not)
+    assert on_disk["run_info"]["cpu_model"] and "cpu_capability" in on_disk["run_info"]
 
 
 def test_complete_results_are_skipped_unless_forced(tmp_path):

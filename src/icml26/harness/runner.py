@@ -57,6 +57,8 @@ def run_info(config: dict, tier: str, seeds: list[int], device: str | None = Non
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             continue
+    from .bench import cpu_model  # bench imports this module's _git lazily, so no cycle at import time
+
     status = _git("status", "--porcelain")  # untracked (not ignored) files count: new code makes a tree dirty
     torch = sys.modules.get("torch")  # only read when a room already imported it
     return {
@@ -72,6 +74,10 @@ def run_info(config: dict, tier: str, seeds: list[int], device: str | None = Non
         "threads": torch.get_num_threads() if torch is not None else None,
         "thread_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ},
         "cpu_count": os.cpu_count(),
+        # The same commit gives other float results on another CPU (torch picks its kernels by the instruction set
+        # it finds), and a near-tie in tuning can follow: recorded so two runs can be told apart by machine.
+        "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability() if torch is not None else None,
         "device": device or "cpu (default)",
         "precision": precision or "fp32",
         "accelerator_available": _accelerator(torch),
