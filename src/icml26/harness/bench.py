@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.io import atomic_write_json, atomic_write_text, read_json
+from .runner import _git, cpu_model
 
 BENCH_BUDGET_S = 900.0
 """``icml26 bench`` over all scripts and both thread counts must fit in this (the issue's 15 minutes)."""
@@ -49,24 +50,6 @@ _REQUIRED = {"room": str, "args": list, "ratios": dict}
 _OPTIONAL = {"threads_arg": str, "out_arg": str, "seconds": (int, float)}
 DEFAULT_SECONDS = 60.0
 """Expected seconds of a run whose entry declares none (only used to share the budget out)."""
-
-
-def _git(*args: str) -> str | None:
-    from .runner import _git as git
-
-    return git(*args)
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo ('model name'); platform.processor() says only 'x86_64'."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith(("model name", "Model", "Hardware")) and ":" in line:
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def blas_info() -> str:

@@ -48,6 +48,18 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo ('model name'); platform.processor() says only 'x86_64'."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith(("model name", "Model", "Hardware")) and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def run_info(config: dict, tier: str, seeds: list[int], device: str | None = None,
              precision: str | None = None) -> dict:
     """Provenance recorded in every result: code version, environment, and the full config."""
@@ -57,8 +69,6 @@ def run_info(config: dict, tier: str, seeds: list[int], device: str | None = Non
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             continue
-    from .bench import cpu_model  # bench imports this module's _git lazily, so no cycle at import time
-
     status = _git("status", "--porcelain")  # untracked (not ignored) files count: new code makes a tree dirty
     torch = sys.modules.get("torch")  # only read when a room already imported it
     return {
