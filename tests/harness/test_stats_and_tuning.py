@@ -59,6 +59,19 @@ def test_a_hard_limit_counts_as_interior_and_divergence_loses():
     assert out["chosen"]["a"] == pytest.approx(1.0)
 
 
+def test_an_arm_that_never_scores_finite_fails_the_tuning_check():
+    # EWC-like: too strong at every strength tried, so it never reaches the target (inf) and its "choice" is
+    # only the first of equals; an arm that is tuned fine beside it must not hide that.
+    out = tune_per_arm({"ok": LogGrid(1.0), "never": LogGrid(1.0)},
+                       lambda arm, v, s: math.inf if arm == "never" else abs(math.log(v)))
+    assert out["no_finite_score"] == ["never"] and out["on_edge"] == []
+    check = tuning_check({"tuning": {"strengths": out}})
+    assert check["passed"] is False and check["values"] == ["strengths:never (no finite score)"]
+    listed = tune_per_arm({"a": ListGrid(("x", "y"))}, lambda arm, v, s: math.nan)
+    assert listed["no_finite_score"] == ["a"] and tuning_check({"tuning": listed})["passed"] is False
+    assert tuning_check({"tuning": tune_per_arm({"ok": LogGrid(1.0)}, lambda arm, v, s: abs(math.log(v)))})["passed"]
+
+
 def test_list_grid_options_choose_by_score_without_extension():
     out = tune_per_arm({"a": ListGrid(("x", "y", "z"))}, lambda arm, v, s: {"x": 3, "y": 1, "z": 2}[v])
     assert out["chosen"]["a"] == "y" and out["evaluations"]["a"] == 3 and out["on_edge"] == []

@@ -137,8 +137,9 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
         max_extensions: how many times one arm's grid may grow past an edge.
 
     Returns a JSON-able dict: ``chosen`` (arm -> value), ``scores`` (arm -> {repr(value): mean score}),
-    ``on_edge`` (arms whose choice is still on a grid edge after the extensions), ``evaluations`` (arm -> how
-    many values were scored), ``seeds`` and the ``rule`` in words.
+    ``on_edge`` (arms whose choice is still on a grid edge after the extensions), ``no_finite_score`` (arms for
+    which every value diverged or missed its target: their ``chosen`` value is only the first of equals, not a
+    tuned one), ``evaluations`` (arm -> how many values were scored), ``seeds`` and the ``rule`` in words.
     """
     if mode not in ("min", "max"):
         raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
@@ -168,7 +169,7 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
             checkpoint.put(name, found)
         return found
 
-    chosen, scores, on_edge, evaluations = {}, {}, [], {}
+    chosen, scores, on_edge, no_finite, evaluations = {}, {}, [], [], {}
     for arm, grid in grids.items():
         table: dict = {}
 
@@ -193,22 +194,30 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
             at_edge = len(ordered) >= 2 and best in (ordered[0], ordered[-1])
             if at_edge and grid.beyond(best, -1 if best == ordered[0] else 1) is not None:
                 on_edge.append(arm)
+        if not any(math.isfinite(v) for v in table.values()):
+            no_finite.append(arm)
         chosen[arm] = best
         scores[arm] = {repr(v): table[v] for v in table}
         evaluations[arm] = len(table)
-    return {"chosen": chosen, "scores": scores, "on_edge": on_edge, "evaluations": evaluations,
+    return {"chosen": chosen, "scores": scores, "on_edge": on_edge, "no_finite_score": no_finite,
+            "evaluations": evaluations,
             "seeds": list(seeds), "mode": mode,
             "rule": f"per-arm grid around its own scale, same size for every arm, mean {mode} score over tuning "
                     f"seeds {list(seeds)}, extended at an edge up to {max_extensions} times"}
 
 
 def tuning_check(prepared: Mapping | None) -> dict | None:
-    """The mechanism check that every tuned arm's choice is interior, from ``prepared["tuning"]`` (one
-    :func:`tune_per_arm` output, or a dict of them by name); None when the spec tunes nothing this way."""
+    """The mechanism check that every tuned arm was tuned: its chosen value is interior to its grid, and at least
+    one value it tried scored finite (an arm that diverged or missed its target at every value has no tuned value
+    at all; its "choice" is the first of equally bad ones). From ``prepared["tuning"]`` (one :func:`tune_per_arm`
+    output, or a dict of them by name); None when the spec tunes nothing this way."""
     tuning = (prepared or {}).get("tuning") if isinstance(prepared, Mapping) else None
     if not isinstance(tuning, Mapping):
         return None
     outputs = {"": tuning} if "chosen" in tuning else {k: v for k, v in tuning.items() if isinstance(v, Mapping)}
-    edge = [f"{name + ':' if name else ''}{arm}" for name, out in outputs.items() for arm in out.get("on_edge", [])]
+    failed = [f"{name + ':' if name else ''}{arm}{suffix}" for name, out in outputs.items()
+              for key, suffix in (("on_edge", ""), ("no_finite_score", " (no finite score)"))
+              for arm in out.get(key, [])]
     return {"name": "tuned_inside_grid", "description": "every tuned arm's chosen value is inside its grid "
-            "after the edge extensions", "rule": "no arm on a grid edge", "values": edge, "passed": not edge}
+            "after the edge extensions, and scored finite", "rule": "no arm on a grid edge, none without a finite "
+            "score", "values": failed, "passed": not failed}
