@@ -4,13 +4,14 @@ natural scale, scored on tuning seeds that are never reported, extended at the e
 Why per arm: an SGD-style and an Adam-style update do not share a natural learning rate, so one shared grid
 tunes one of them at its edge. Why extension: a choice on the grid's edge means the best value may lie outside,
 so that arm would be under-tuned; the grid grows by its own pre-declared step on that side until the choice is
-interior, or ``max_extensions`` is spent (then the spec's verdict is inconclusive by a mechanism check).
+interior, or ``max_extensions`` is spent (then the spec's verdict is inconclusive by a mechanism check, as it is
+when every value of an arm diverged or missed its target).
 
 Use from a spec's ``prepare``::
 
     grids = {"adamezo": LogGrid(center=1e-3), "mezo": LogGrid(center=1e-5)}
     tuning = tune_per_arm(grids, lambda arm, lr, seed: train(arm, lr, seed)["val_loss"], mode="min")
-    return {"tuning": tuning}        # the runner turns tuning["on_edge"] into a mechanism check
+    return {"tuning": tuning}        # the runner turns on_edge / no_finite_score into a mechanism check
     ...
     lr = prepared["tuning"]["chosen"][arm]
 """
