@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.io import atomic_write_json, atomic_write_text, read_json
-from .runner import _git, cpu_model
+from .runner import code_version, cpu_model
 
 BENCH_BUDGET_S = 900.0
 """``icml26 bench`` over all scripts and both thread counts must fit in this (the issue's 15 minutes)."""
@@ -74,7 +74,6 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
     """
     import torch
 
-    status = _git("status", "--porcelain")
     return {
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -84,8 +83,7 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
-        "git_sha": _git("rev-parse", "HEAD") or "unknown",
-        "git_dirty": bool(status) if status is not None else None,
+        **code_version(),
         "loadavg_start": _loadavg(),
     }
 

@@ -48,6 +48,14 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def code_version() -> dict:
+    """``git_sha`` and ``git_dirty`` of this checkout ("unknown" / None outside git). Untracked (not ignored) files
+    count as dirty: new code makes a tree dirty."""
+    status = _git("status", "--porcelain")
+    return {"git_sha": _git("rev-parse", "HEAD") or "unknown",
+            "git_dirty": bool(status) if status is not None else None}
+
+
 def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo ('model name'); platform.processor() says only 'x86_64'."""
     try:
@@ -69,11 +77,9 @@ def run_info(config: dict, tier: str, seeds: list[int], device: str | None = Non
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             continue
-    status = _git("status", "--porcelain")  # untracked (not ignored) files count: new code makes a tree dirty
     torch = sys.modules.get("torch")  # only read when a room already imported it
     return {
-        "git_sha": _git("rev-parse", "HEAD") or "unknown",
-        "git_dirty": bool(status) if status is not None else None,
+        **code_version(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "packages": versions,

@@ -201,8 +201,7 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
         scores[arm] = {repr(v): table[v] for v in table}
         evaluations[arm] = len(table)
     return {"chosen": chosen, "scores": scores, "on_edge": on_edge, "no_finite_score": no_finite,
-            "evaluations": evaluations,
-            "seeds": list(seeds), "mode": mode,
+            "evaluations": evaluations, "seeds": list(seeds), "mode": mode,
             "rule": f"per-arm grid around its own scale, same size for every arm, mean {mode} score over tuning "
                     f"seeds {list(seeds)}, extended at an edge up to {max_extensions} times"}
 
@@ -216,9 +215,11 @@ def tuning_check(prepared: Mapping | None) -> dict | None:
     if not isinstance(tuning, Mapping):
         return None
     outputs = {"": tuning} if "chosen" in tuning else {k: v for k, v in tuning.items() if isinstance(v, Mapping)}
-    failed = [f"{name + ':' if name else ''}{arm}{suffix}" for name, out in outputs.items()
-              for key, suffix in (("on_edge", ""), ("no_finite_score", " (no finite score)"))
-              for arm in out.get(key, [])]
+    failed = []
+    for name, out in outputs.items():
+        prefix = f"{name}:" if name else ""
+        failed += [prefix + arm for arm in out.get("on_edge", [])]
+        failed += [f"{prefix}{arm} (no finite score)" for arm in out.get("no_finite_score", [])]
     return {"name": "tuned_inside_grid", "description": "every tuned arm's chosen value is inside its grid "
             "after the edge extensions, and scored finite", "rule": "no arm on a grid edge, none without a finite "
             "score", "values": failed, "passed": not failed}
