@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -316,12 +317,14 @@ def test_ddp_two_cpu_processes_stay_in_sync(tmp_path):
     import subprocess
     import sys
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ICML26_PROGRESS": "0"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            "-m", "icml26.methods.tabicl2.pretrain", "--out", str(tmp_path / "ddp"), "--steps", "3", "--batch", "2",
            "--min-rows", "24", "--max-rows", "32", "--max-features", "3", "--ckpt-every", "2", "--eval-every", "1000",
            "--val-batches", "1", "--model", json.dumps(SMALL)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # torchrun's own summary hides why a rank died: show the ranks' error lines first
+    cause = [ln for ln in proc.stderr.splitlines() if re.search(r"terminate|what\(\)|Error|error|Exception", ln)]
+    assert proc.returncode == 0, "\n".join(cause)[:4000] + "\n...\n" + proc.stderr[-1500:]
     assert '"ranks_in_sync": true' in proc.stdout and '"world_size": 2' in proc.stdout
     lines = [json.loads(x) for x in (tmp_path / "ddp" / "log.jsonl").read_text().splitlines()]
     assert [r["datasets"] for r in lines if "loss" in r] == [4, 8, 12]  # 2 ranks x batch 2 per step

@@ -307,6 +307,19 @@ def main(argv=None) -> dict:
             t_last = time.time()  # checkpoint time is not schedule time
         if args.stop_at and step >= args.stop_at:
             return {"stopped_at": step}
+    sync = {}
+    if world > 1:
+        import torch.distributed as dist
+        # Every rank must hold the same weights: gather a checksum of each rank's parameters. This collective runs
+        # before rank 0's evaluation and plotting, so no rank waits inside gloo while rank 0 works alone.
+        flat = torch.cat([p.detach().flatten().double() for p in model.parameters()])
+        sums = [torch.zeros(2, dtype=torch.float64, device=flat.device) for _ in range(world)]
+        dist.all_gather(sums, torch.stack([flat.sum(), flat.square().sum()]))
+        sync = {"ranks_in_sync": all(torch.equal(sums[0], s) for s in sums), "world_size": world}
+        # Without this barrier a rank that leaves all_gather first can tear gloo down while its peer still reads,
+        # and dies with "terminate called without an active exception" (SIGABRT; 6 of 14 runs under CPU load).
+        dist.barrier()
+        dist.destroy_process_group()
     result = {}
     if rank == 0:
         save_state()
@@ -319,18 +332,9 @@ def main(argv=None) -> dict:
         if args.export:
             export_checkpoint(model, args.export, {**result, "args": vars(args)})
         print(json.dumps(result), flush=True)
-    if world > 1:
-        import torch.distributed as dist
-        # every rank must hold the same weights: gather a checksum of each rank's parameters
-        flat = torch.cat([p.detach().flatten().double() for p in model.parameters()])
-        sums = [torch.zeros(2, dtype=torch.float64, device=flat.device) for _ in range(world)]
-        dist.all_gather(sums, torch.stack([flat.sum(), flat.square().sum()]))
-        in_sync = all(torch.equal(sums[0], s) for s in sums)
-        if rank == 0:
-            result["ranks_in_sync"] = bool(in_sync)
-            result["world_size"] = world
-            print(json.dumps({"ranks_in_sync": bool(in_sync), "world_size": world}), flush=True)
-        dist.destroy_process_group()
+        if sync:
+            result.update(sync)
+            print(json.dumps(sync), flush=True)
     return result
 
 
