@@ -72,6 +72,23 @@ def test_an_arm_that_never_scores_finite_fails_the_tuning_check():
     assert tuning_check({"tuning": tune_per_arm({"ok": LogGrid(1.0)}, lambda arm, v, s: abs(math.log(v)))})["passed"]
 
 
+def test_an_unscored_arm_searches_its_declared_side_with_the_same_budget():
+    # A penalty that never reaches its target above 0.05 (too strong) and is best near 0.01.
+    def score(arm, v, s):
+        return math.inf if v > 0.05 else math.log(v / 0.01) ** 2
+
+    found = tune_per_arm({"ewc": LogGrid(1.0, unscored_toward=-1)}, score, max_extensions=4)
+    assert [float(k) for k in found["scores"]["ewc"]][-4:] == pytest.approx([1 / 9, 1 / 27, 1 / 81, 1 / 243])
+    assert found["chosen"]["ewc"] == pytest.approx(1 / 81) and found["no_finite_score"] == []
+    assert found["on_edge"] == [] and tuning_check({"tuning": found})["passed"]
+    short = tune_per_arm({"ewc": LogGrid(1.0, unscored_toward=-1)}, score, max_extensions=1)  # 1/9 still fails
+    assert short["no_finite_score"] == ["ewc"] and short["evaluations"]["ewc"] == 4
+    undeclared = tune_per_arm({"ewc": LogGrid(1.0)}, score, max_extensions=4)
+    assert undeclared["no_finite_score"] == ["ewc"] and undeclared["evaluations"]["ewc"] == 3
+    with pytest.raises(ValueError, match="unscored_toward"):
+        LogGrid(1.0, unscored_toward=2)
+
+
 def test_list_grid_options_choose_by_score_without_extension():
     out = tune_per_arm({"a": ListGrid(("x", "y", "z"))}, lambda arm, v, s: {"x": 3, "y": 1, "z": 2}[v])
     assert out["chosen"]["a"] == "y" and out["evaluations"]["a"] == 3 and out["on_edge"] == []

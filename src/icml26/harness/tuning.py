@@ -5,7 +5,8 @@ Why per arm: an SGD-style and an Adam-style update do not share a natural learni
 tunes one of them at its edge. Why extension: a choice on the grid's edge means the best value may lie outside,
 so that arm would be under-tuned; the grid grows by its own pre-declared step on that side until the choice is
 interior, or ``max_extensions`` is spent (then the spec's verdict is inconclusive by a mechanism check, as it is
-when every value of an arm diverged or missed its target).
+when every value of an arm diverged or missed its target). A grid may pre-declare the side on which such an arm
+would score (``LogGrid.unscored_toward``); then the same budget searches that side before giving up.
 
 Use from a spec's ``prepare``::
 
@@ -42,6 +43,9 @@ class LogGrid:
         factor: the step between grid points (pre-declared, also the extension step).
         size: number of points before any extension; equal for every arm of a claim (equal budget).
         lower, upper: hard limits (e.g. a rate cannot exceed 1); a choice at a hard limit counts as interior.
+        unscored_toward: where no value scores finite, the side to search (-1: smaller, +1: larger, 0: none),
+            pre-declared for a strength whose weak end is the untuned arm (a penalty too strong at every value
+            never reaches its target; a weaker one does). It spends the same extension budget as an edge.
     """
 
     center: float
@@ -49,6 +53,7 @@ class LogGrid:
     size: int = 3
     lower: float = 0.0
     upper: float = math.inf
+    unscored_toward: int = 0
 
     def __post_init__(self) -> None:
         if not (self.center > 0 and math.isfinite(self.center)):
@@ -57,6 +62,8 @@ class LogGrid:
             raise ValueError(f"LogGrid.factor must be > 1, got {self.factor}")
         if self.size < 1:
             raise ValueError(f"LogGrid.size must be >= 1, got {self.size}")
+        if self.unscored_toward not in (-1, 0, 1):
+            raise ValueError(f"LogGrid.unscored_toward must be -1, 0 or 1, got {self.unscored_toward}")
 
     def points(self) -> list[float]:
         first = -(self.size - 1) / 2
@@ -184,6 +191,15 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
         if isinstance(grid, LogGrid):
             for _ in range(max_extensions):
                 ordered = sorted(table)
+                if not any(math.isfinite(v) for v in table.values()):  # nothing scored: no edge to speak of
+                    if not grid.unscored_toward:
+                        break
+                    nxt = grid.beyond(ordered[0] if grid.unscored_toward < 0 else ordered[-1], grid.unscored_toward)
+                    if nxt is None:
+                        break
+                    evaluate(nxt)
+                    best = min(table, key=lambda v: key(table[v]))
+                    continue
                 if len(ordered) < 2 or ordered[0] < best < ordered[-1]:
                     break
                 nxt = grid.beyond(best, -1 if best == ordered[0] else 1)
@@ -193,10 +209,11 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
                 best = min(table, key=lambda v: key(table[v]))
             ordered = sorted(table)
             at_edge = len(ordered) >= 2 and best in (ordered[0], ordered[-1])
-            if at_edge and grid.beyond(best, -1 if best == ordered[0] else 1) is not None:
+            if at_edge and grid.beyond(best, -1 if best == ordered[0] else 1) is not None \
+                    and math.isfinite(table[best]):
                 on_edge.append(arm)
         if not any(math.isfinite(v) for v in table.values()):
-            no_finite.append(arm)
+            no_finite.append(arm)  # listed here, not in on_edge: its "choice" is only the first of equals
         chosen[arm] = best
         scores[arm] = {repr(v): table[v] for v in table}
         evaluations[arm] = len(table)

@@ -72,7 +72,7 @@ TIERS = {
     "full": {**_BASE, "d_model": 64, "n_layers": 4, "n_heads": 4, "seq_len": 128, "pretrain_steps": 3000,
              "steps": 1500, "batch_size": 32, "eval_every": 50, "n_val_batches": 8, "probe_batch": 16,
              "fisher_examples": 128, "project_k": 32, "refresh_every": 100, "q": 4, "window": 5,
-             "project_k_grid": [8, 32, 96]},
+             "project_k_grid": [8, 32, 96], "max_extensions": 4},
 }
 SEEDS = {"smoke": 1, "quick": 5, "full": 3}
 
@@ -306,12 +306,15 @@ def tune_strengths(config: Mapping[str, Any]) -> dict:
         return broad_at(train_arm(arm, config, seed, opt, probes=False)["curve"], plains[seed])
 
     size = config["grid_size"]
-    grids = {"low_lr": LogGrid(center=config["low_lr_factor"], factor=3.0, size=size, upper=1.0),
-             "l2sp": LogGrid(center=config["l2sp"], factor=3.0, size=size),
-             "ewc": LogGrid(center=config["ewc"], factor=3.0, size=size),
+    # Where no strength reaches L*, the side nearer plain (which does reach it) is searched: a weaker penalty,
+    # a rate factor nearer 1 (full-tier amendment 2; it changes nothing where some value scores).
+    grids = {"low_lr": LogGrid(center=config["low_lr_factor"], factor=3.0, size=size, upper=1.0, unscored_toward=1),
+             "l2sp": LogGrid(center=config["l2sp"], factor=3.0, size=size, unscored_toward=-1),
+             "ewc": LogGrid(center=config["ewc"], factor=3.0, size=size, unscored_toward=-1),
              "freeze": ListGrid(tuple(config["freeze_grid"][:size])),
              "project": ListGrid(tuple(config["project_k_grid"][:size]))}
-    return {"tuning": tune_per_arm(grids, score, mode="min", desc="lockin strengths")}
+    return {"tuning": tune_per_arm(grids, score, mode="min", desc="lockin strengths",
+                                   max_extensions=config.get("max_extensions", 2))}
 
 
 @functools.lru_cache(maxsize=16)  # must hold every seed of a tier, else each spec retrains every seed
