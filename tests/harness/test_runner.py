@@ -345,6 +345,26 @@ def test_seed_jobs_run_seeds_in_worker_processes_with_the_same_results_and_metri
         reproduce(["scalora"], "smoke", tmp_path / "x", spec_ids=spec_ids, seed_jobs=0)
 
 
+def test_a_rooms_specs_share_their_seed_workers(tmp_path):
+    """lockin's three claims read the same trainings (memoised per seed in the process that ran them). With
+    ``seed_jobs=2`` each seed goes to the same worker for every spec, so the second and third specs train
+    nothing (no training records in their metrics) and give the serial run's numbers."""
+    from icml26.core.logging import read_jsonl
+    from icml26.harness.runner import reproduce
+
+    serial = reproduce(["lockin"], "smoke", tmp_path / "serial", n_seeds=2)
+    parallel = reproduce(["lockin"], "smoke", tmp_path / "parallel", n_seeds=2, seed_jobs=2)
+    assert [r["spec"] for r in parallel] == [r["spec"] for r in serial] == ["collapse", "drift_paradox", "escape"]
+    for a, b in zip(serial, parallel):
+        assert b["status"] == "complete"
+        for name in a["statistics"]:
+            assert b["statistics"][name]["per_seed"] == pytest.approx(a["statistics"][name]["per_seed"],
+                                                                      rel=1e-6, nan_ok=True)
+    trained = {spec: {r["seed"] for r in read_jsonl(tmp_path / "parallel" / "lockin" / f"{spec}.metrics.jsonl")
+                      if "seed" in r} for spec in ("collapse", "drift_paradox", "escape")}
+    assert trained == {"collapse": {0, 1}, "drift_paradox": set(), "escape": set()}
+
+
 def test_cli_rejects_a_bad_jobs_count(capsys):
     from icml26.cli import main
 

@@ -18,6 +18,7 @@ import platform
 import subprocess
 import sys
 import time
+from contextvars import ContextVar
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -234,10 +235,12 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
 
     ``device`` (e.g. "cuda") becomes torch's default device while the spec runs, and ``precision`` ("bf16" or
     "fp16") runs it under autocast; both are part of the result's identity, so results from different devices
-    or precisions never mix seeds. ``seed_jobs`` > 1 runs that many of the remaining seeds at once, each in a
-    fresh worker process with ``cpu_count // seed_jobs`` torch threads, after the prepare phase (which stays in
-    this process); a seed's result is a function of its seed, so it does not change the numbers, only the wall
-    time (and ``peak_rss_bytes``, which then covers this process only). The workers find the spec again by
+    or precisions never mix seeds. ``seed_jobs`` > 1 runs that many of the remaining seeds at once in worker
+    processes with ``cpu_count // seed_jobs`` torch threads each, after the prepare phase (which stays in this
+    process); seed ``s`` goes to worker ``s % seed_jobs``, and inside :func:`room_seed_workers` (which
+    ``reproduce`` opens per room) a room's specs share those workers. A seed's result is a function of its seed,
+    so this does not change the numbers, only the wall time (and ``peak_rss_bytes``, which then covers this
+    process only). The workers find the spec again by
     room and id, so it must be one a room registers (``specs_for``)."""
     if not isinstance(seed_jobs, int) or seed_jobs < 1:
         raise ValueError(f"seed_jobs must be a positive integer, got {seed_jobs!r}")
@@ -356,9 +359,10 @@ def _run_seeds_in_workers(spec: ExperimentSpec, config: dict, seeds: list[int], 
     for part in parts.values():  # left by a run that was killed outright
         part.unlink(missing_ok=True)
     try:
-        with _worker_pool(jobs) as (pool, threads):
-            pending = {pool.submit(_run_seed_in_worker, spec.room, spec.id, config, seed, prepared, threads, device,
-                                   precision, str(parts[seed])): seed for seed in seeds}
+        with _seed_workers(jobs) as (workers, threads):
+            pending = {workers[seed % len(workers)].submit(_run_seed_in_worker, spec.room, spec.id, config, seed,
+                                                           prepared, threads, device, precision, str(parts[seed])):
+                       seed for seed in seeds}
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
@@ -435,7 +439,11 @@ def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int
     for spec in todo:
         by_room.setdefault(spec.room, []).append(spec.id)
     if jobs == 1 or len(by_room) <= 1:
-        return [run_spec(spec, tier, out, **options) for spec in todo]
+        results = []
+        for room in by_room:
+            with room_seed_workers(seed_jobs):
+                results += [run_spec(spec, tier, out, **options) for spec in todo if spec.room == room]
+        return results
     return _reproduce_in_workers(todo, by_room, tier, out, jobs, options)
 
 
@@ -458,8 +466,7 @@ def _reproduce_in_workers(todo: list[ExperimentSpec], by_room: dict[str, list[st
 @contextlib.contextmanager
 def _worker_pool(jobs: int):
     """``(pool, threads)``: ``jobs`` spawned worker processes, each running one task in a fresh interpreter (one
-    room's or seed's global settings never leak into the next), and the torch threads each gets, cpu_count //
-    jobs. Work is sent by room name and spec id, not pickled: several rooms build their run functions as closures.
+    room's global settings never leak into the next), and the torch threads each gets, cpu_count // jobs. Work is sent by room name and spec id, not pickled: several rooms build their run functions as closures.
     On an error or Ctrl-C the queued tasks are cancelled and the running ones finish before it propagates."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -472,6 +479,63 @@ def _worker_pool(jobs: int):
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+
+
+_ROOM_SEED_WORKERS: ContextVar[tuple[list, int] | None] = ContextVar("room_seed_workers", default=None)
+"""The open :func:`room_seed_workers` set, ``(workers, threads)``, or None."""
+
+
+@contextlib.contextmanager
+def room_seed_workers(jobs: int):
+    """Within this block, ``run_spec(seed_jobs=jobs)`` sends seed ``s`` to worker ``s % jobs`` of one set of
+    ``jobs`` long-lived worker processes, shared by every spec run inside (one room's; ``reproduce`` opens one per
+    room). Why: several rooms memoise a seed's trainings in memory for all their specs (lockin's three claims read
+    the same runs), so a spec after the first finds its seed's runs in the worker that made them, as it would in
+    one process with ``seed_jobs=1``. A new room gets new workers, so one room's settings never reach another's.
+    ``jobs`` 1 opens nothing."""
+    if jobs <= 1:
+        yield
+        return
+    with _spawn_workers(jobs) as workers:
+        token = _ROOM_SEED_WORKERS.set(workers)
+        try:
+            yield
+        finally:
+            _ROOM_SEED_WORKERS.reset(token)
+
+
+@contextlib.contextmanager
+def _seed_workers(jobs: int):
+    """``(workers, threads)`` for one spec's seeds: the room's shared set when one with ``jobs`` workers is open
+    (:func:`room_seed_workers`), else a set for this spec alone."""
+    shared = _ROOM_SEED_WORKERS.get()
+    if shared is not None and len(shared[0]) == jobs:
+        yield shared
+        return
+    with _spawn_workers(jobs) as workers:
+        yield workers
+
+
+@contextlib.contextmanager
+def _spawn_workers(jobs: int):
+    """``(workers, threads)``: ``jobs`` spawned single-process executors (a task can be sent to a given one) and
+    the torch threads each gets, cpu_count // jobs. On an error or Ctrl-C queued tasks are cancelled and running
+    ones finish before it propagates."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    spawn = multiprocessing.get_context("spawn")
+    workers = [ProcessPoolExecutor(max_workers=1, mp_context=spawn) for _ in range(jobs)]
+    try:
+        yield workers, max(1, (os.cpu_count() or 1) // jobs)
+    except BaseException:
+        for worker in workers:
+            worker.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            worker.shutdown(wait=True)
+        raise
+    for worker in workers:
+        worker.shutdown(wait=True)
 
 
 def _earlier_wall_time(path: Path) -> float:
@@ -489,4 +553,5 @@ def _run_room_in_worker(room: str, spec_ids: list[str], tier: str, out: str, thr
 
     torch.set_num_threads(threads)
     specs = {s.id: s for s in specs_for(room)}
-    return [run_spec(specs[spec_id], tier, Path(out), **options) for spec_id in spec_ids]
+    with room_seed_workers(options.get("seed_jobs", 1)):
+        return [run_spec(specs[spec_id], tier, Path(out), **options) for spec_id in spec_ids]
