@@ -163,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_positive_int, default=1, help="run this many rooms at once, each in its own "
                    "process with cpu_count / JOBS torch threads (default 1: one after another in this process)")
     p.add_argument("--seed-jobs", type=_positive_int, default=1, help="run this many seeds of a spec at once, "
-                   "in SEED_JOBS worker processes with cpu_count / SEED_JOBS torch threads each, after its tuning; a room's "
-                   "claims share the workers (seed s in worker s mod SEED_JOBS) (default 1)")
+                   "in SEED_JOBS worker processes with cpu_count / SEED_JOBS torch threads each, after its tuning; "
+                   "a room's claims share the workers (seed s in worker s mod SEED_JOBS) (default 1)")
     p.add_argument("--device", default=None, help="torch device the claims run on, e.g. cuda (default: CPU); "
                    "recorded in each result")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="fp32 (default), or mixed "

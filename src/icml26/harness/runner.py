@@ -240,8 +240,8 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
     process); seed ``s`` goes to worker ``s % seed_jobs``, and inside :func:`room_seed_workers` (which
     ``reproduce`` opens per room) a room's specs share those workers. A seed's result is a function of its seed,
     so this does not change the numbers, only the wall time (and ``peak_rss_bytes``, which then covers this
-    process only). The workers find the spec again by
-    room and id, so it must be one a room registers (``specs_for``)."""
+    process only). The workers find the spec again by room and id, so it must be one a room registers
+    (``specs_for``)."""
     if not isinstance(seed_jobs, int) or seed_jobs < 1:
         raise ValueError(f"seed_jobs must be a positive integer, got {seed_jobs!r}")
     if precision is not None and precision not in PRECISIONS:
@@ -439,12 +439,15 @@ def reproduce(rooms: Iterable[str] | None, tier: str, out: Path, *, n_seeds: int
     for spec in todo:
         by_room.setdefault(spec.room, []).append(spec.id)
     if jobs == 1 or len(by_room) <= 1:
-        results = []
-        for room in by_room:
-            with room_seed_workers(seed_jobs):
-                results += [run_spec(spec, tier, out, **options) for spec in todo if spec.room == room]
-        return results
+        return [result for room in by_room
+                for result in _run_room_specs([s for s in todo if s.room == room], tier, out, options)]
     return _reproduce_in_workers(todo, by_room, tier, out, jobs, options)
+
+
+def _run_room_specs(specs: list[ExperimentSpec], tier: str, out: Path, options: dict) -> list[dict]:
+    """One room's specs, in order, sharing one set of seed workers (:func:`room_seed_workers`)."""
+    with room_seed_workers(options.get("seed_jobs", 1)):
+        return [run_spec(spec, tier, out, **options) for spec in specs]
 
 
 def _reproduce_in_workers(todo: list[ExperimentSpec], by_room: dict[str, list[str]], tier: str, out: Path,
@@ -466,8 +469,9 @@ def _reproduce_in_workers(todo: list[ExperimentSpec], by_room: dict[str, list[st
 @contextlib.contextmanager
 def _worker_pool(jobs: int):
     """``(pool, threads)``: ``jobs`` spawned worker processes, each running one task in a fresh interpreter (one
-    room's global settings never leak into the next), and the torch threads each gets, cpu_count // jobs. Work is sent by room name and spec id, not pickled: several rooms build their run functions as closures.
-    On an error or Ctrl-C the queued tasks are cancelled and the running ones finish before it propagates."""
+    room's global settings never leak into the next), and the torch threads each gets, cpu_count // jobs. Work
+    is sent by room name and spec id, not pickled: several rooms build their run functions as closures. On an
+    error or Ctrl-C the queued tasks are cancelled and the running ones finish before it propagates."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -553,5 +557,4 @@ def _run_room_in_worker(room: str, spec_ids: list[str], tier: str, out: str, thr
 
     torch.set_num_threads(threads)
     specs = {s.id: s for s in specs_for(room)}
-    with room_seed_workers(options.get("seed_jobs", 1)):
-        return [run_spec(specs[spec_id], tier, Path(out), **options) for spec_id in spec_ids]
+    return _run_room_specs([specs[spec_id] for spec_id in spec_ids], tier, Path(out), options)
