@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -311,12 +312,45 @@ def test_pretrain_resume_reproduces_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
 
 
+_GLOO_TEARDOWN_SCRIPT = """
+import os, sys, torch
+import torch.distributed as dist
+from icml26.methods.tabicl2.pretrain import close_distributed, init_distributed
+init_distributed()
+model = torch.nn.Linear(3, 2)
+torch.optim.SGD(model.parameters(), lr=0.1)  # the first optimizer imports torch._dynamo
+model(torch.ones(4, 3)).sum().backward()
+for p in model.parameters():
+    dist.all_reduce(p.grad)
+close_distributed()
+left = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print("rank", os.environ["RANK"], "threads", sorted(left), flush=True)
+sys.exit(3 if any("gloo" in name for name in left) else 0)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="lists threads through Linux /proc")
+def test_ddp_teardown_leaves_no_gloo_threads(tmp_path):
+    """After close_distributed no gloo thread is left to be torn down at interpreter exit (where it crashed a rank
+    now and then): the group was really freed, even with an optimizer built after init_distributed."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "teardown.py"
+    script.write_text(_GLOO_TEARDOWN_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+                           str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.count("threads") == 2
+
+
 def test_ddp_two_cpu_processes_stay_in_sync(tmp_path):
     """torchrun with 2 gloo processes: gradients are all-reduced, so both ranks end with identical weights."""
     import os
     import subprocess
     import sys
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ICML26_PROGRESS": "0"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ICML26_PROGRESS": "0", "PYTHONFAULTHANDLER": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            "-m", "icml26.methods.tabicl2.pretrain", "--out", str(tmp_path / "ddp"), "--steps", "3", "--batch", "2",
            "--min-rows", "24", "--max-rows", "32", "--max-features", "3", "--ckpt-every", "2", "--eval-every", "1000",

@@ -207,6 +207,28 @@ def plot_log(log_path: Path, png: Path) -> None:
     plt.close(fig)
 
 
+def init_distributed() -> None:
+    """Join the torchrun process group (NCCL on GPUs, gloo on CPU), in a way that :func:`close_distributed` can undo.
+
+    The first ``torch.optim.Optimizer`` built imports ``torch._dynamo``, and that import, once a default group
+    exists, keeps about ten references to it (torch 2.13). ``destroy_process_group`` then cannot free gloo: its
+    threads outlive ``main`` and are torn down at interpreter exit, where a rank now and then dies with SIGABRT
+    ("terminate called without an active exception"; 1 of about 100 two-rank runs under CPU load, and a CI run).
+    Importing it before the group exists leaves nothing behind.
+    """
+    import torch._dynamo  # noqa: F401  (import order matters, see above)
+    import torch.distributed as dist
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def close_distributed() -> None:
+    """Leave the process group: a barrier first, so no rank tears its transport down while a peer still reads
+    (without it, 6 of 14 two-rank runs under CPU load died with SIGABRT), then ``destroy_process_group``."""
+    import torch.distributed as dist
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if (args.steps > 0) == (args.minutes > 0):
@@ -214,10 +236,9 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if world > 1:
-        import torch.distributed as dist
         if args.minutes > 0:
             raise SystemExit("distributed runs need --steps (a wall-clock schedule would desynchronise ranks)")
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        init_distributed()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -306,6 +327,8 @@ def main(argv=None) -> dict:
             save_state()
             t_last = time.time()  # checkpoint time is not schedule time
         if args.stop_at and step >= args.stop_at:
+            if world > 1:
+                close_distributed()
             return {"stopped_at": step}
     sync = {}
     if world > 1:
@@ -316,10 +339,7 @@ def main(argv=None) -> dict:
         sums = [torch.zeros(2, dtype=torch.float64, device=flat.device) for _ in range(world)]
         dist.all_gather(sums, torch.stack([flat.sum(), flat.square().sum()]))
         sync = {"ranks_in_sync": all(torch.equal(sums[0], s) for s in sums), "world_size": world}
-        # Without this barrier a rank that leaves all_gather first can tear gloo down while its peer still reads,
-        # and dies with "terminate called without an active exception" (SIGABRT; 6 of 14 runs under CPU load).
-        dist.barrier()
-        dist.destroy_process_group()
+        close_distributed()
     result = {}
     if rank == 0:
         save_state()
