@@ -28,6 +28,7 @@ from ..core.logging import metric_log, read_jsonl
 from ..core.memory import PeakRSS
 from ..core.progress import progress
 from ..core.registry import ROOMS, get_room, import_room
+from .run_store import current_run_store, run_store
 from .spec import TIERS, ExperimentSpec, judge
 from .tuning import tuning_check, tuning_checkpoint
 
@@ -302,8 +303,9 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                 if r.get("seed") in done or (r.get("phase") == "prepare" and prepared is not None)]
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     try:
+        # Finished trainings go to OUT/ROOM/runs/, where the room's other specs and a resumed run find them.
         with PeakRSS() as mem, metric_log(metrics_path) as logger, _default_device(device), \
-                _autocast(precision, device), _torch_threads_kept():
+                _autocast(precision, device), _torch_threads_kept(), run_store(path.parent / "runs", read=not force):
             if spec.prepare is not None and prepared is None:
                 logger.tags = {"phase": "prepare"}
                 # Each tuning score is checkpointed (JSON in SPEC.tuning.ckpt, a name the report does not read as a
@@ -360,8 +362,10 @@ def _run_seeds_in_workers(spec: ExperimentSpec, config: dict, seeds: list[int], 
         part.unlink(missing_ok=True)
     try:
         with _seed_workers(jobs) as (workers, threads):
+            store = current_run_store()
             pending = {workers[seed % len(workers)].submit(_run_seed_in_worker, spec.room, spec.id, config, seed,
-                                                           prepared, threads, device, precision, str(parts[seed])):
+                                                           prepared, threads, device, precision, str(parts[seed]),
+                                                           store):
                        seed for seed in seeds}
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -379,13 +383,16 @@ def _run_seeds_in_workers(spec: ExperimentSpec, config: dict, seeds: list[int], 
 
 
 def _run_seed_in_worker(room: str, spec_id: str, config: dict, seed: int, prepared: Any, threads: int,
-                        device: str | None, precision: str | None, metrics_part: str) -> dict:
-    """Worker-process entry of ``run_spec(seed_jobs > 1)``: one seed of one spec, logging to ``metrics_part``."""
+                        device: str | None, precision: str | None, metrics_part: str,
+                        store: tuple[str, bool] | None = None) -> dict:
+    """Worker-process entry of ``run_spec(seed_jobs > 1)``: one seed of one spec, logging to ``metrics_part`` and
+    keeping finished trainings in the parent's run store (``store``: directory and read flag)."""
     import torch
 
     torch.set_num_threads(threads)
     spec = {s.id: s for s in specs_for(room)}[spec_id]
-    with metric_log(metrics_part) as logger, _default_device(device), _autocast(precision, device):
+    stored = run_store(store[0], read=store[1]) if store else contextlib.nullcontext()
+    with metric_log(metrics_part) as logger, _default_device(device), _autocast(precision, device), stored:
         logger.tags = {"seed": seed}
         res = spec.run(config, seed, prepared)
     res["seed"] = seed

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import torch
 
 from ...core.seeding import seed_everything
+from ...harness.run_store import stored_run
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import ListGrid, LogGrid, tune_per_arm
 from ...models.tiny_lm import TinyLMConfig
@@ -113,7 +114,8 @@ def gate_channel_spread(model, x: torch.Tensor) -> float:
     return sum(ratios) / len(ratios)
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=128)  # shared by both specs in one process
+@stored_run  # and, through OUT/fix_attention/runs/, across processes
 def _train(config_json: str, seed: int, arm: str, option: str, lr: float, evaluate_long: bool) -> dict:
     """Train one arm (with ``option``) on one seed at peak ``lr``; returns its losses and diagnostics."""
     from ...data.text import load_corpus, sample_batch

@@ -34,6 +34,7 @@ import torch
 from ...core.progress import progress
 from ...core.seeding import seed_everything
 from ...harness.plots import plot_mean_curves
+from ...harness.run_store import stored_run
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import LogGrid, tune_per_arm
 from .diagnostics import mixing_report, record_mixing
@@ -91,8 +92,13 @@ def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float) -> dict
     """Train one arm at learning rate ``lr``; returns its validation curve, final metrics, parameter counts and the
     mixing diagnostics (including how far H_res moved from its initial value on a fixed validation batch)."""
     key = json.dumps([arm, dict(config), seed, lr], sort_keys=True, default=str)
-    if key in _RUNS:
-        return _RUNS[key]
+    if key not in _RUNS:
+        _RUNS[key] = _train_arm(arm, dict(config), seed, lr)
+    return _RUNS[key]
+
+
+@stored_run  # a finished training survives the process in OUT/kromhc/runs/ (a full tier outlasts a session)
+def _train_arm(arm: str, config: dict, seed: int, lr: float) -> dict:
     from ...data.text import lm_batches, load_corpus
 
     threads = torch.get_num_threads()
@@ -140,7 +146,6 @@ def train_arm(arm: str, config: Mapping[str, Any], seed: int, lr: float) -> dict
                **mixing_report(records)}
     finally:
         torch.set_num_threads(threads)
-    _RUNS[key] = out
     return out
 
 

@@ -1,0 +1,95 @@
+"""Finished trainings kept on disk, so that a full tier interrupted after hours never repeats one.
+
+A room's specs often share trainings: the tuning grid and the reported seeds of two claims come from the same runs,
+which the room memoises in-process with ``functools.lru_cache``. That sharing dies with the process. A full tier
+takes longer than a session on this machine (fix_attention about 7 core-hours, kromhc about 18), and a resumed run
+would redo every training the lost process had finished for a spec that was not yet written: the tuning
+checkpoint keeps only scores, and only for the spec whose tuning was running.
+
+:func:`stored_run` marks a deterministic training function whose arguments and result are JSON values. Inside
+:func:`run_store` (the runner opens one per room, at ``OUT/ROOM/runs/``) each call is looked up in that directory
+first and written there, atomically, when it finishes. Outside it the function runs as written. The result is
+passed through JSON either way, so a stored result and a fresh one are the same value (lists, not tuples; floats
+exactly, inf and nan included).
+
+A stored run is keyed by the function and its arguments only (the runner's configs are part of the arguments), not
+by the code: after changing a room's training code, delete ``OUT/ROOM/runs`` or run with ``--force``, which
+recomputes and overwrites instead of reading. Each file records the git sha that wrote it, for the card.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..core.io import atomic_write_text
+
+
+@dataclass(frozen=True)
+class _Store:
+    directory: Path
+    read: bool
+
+
+_STORE: ContextVar[_Store | None] = ContextVar("icml26_run_store", default=None)
+
+
+@contextmanager
+def run_store(directory: str | os.PathLike, *, read: bool = True) -> Iterator[Path]:
+    """Within this block every :func:`stored_run` call reuses (``read=True``) and records its result in
+    ``directory``. ``read=False`` (a forced rerun) recomputes every call and overwrites what was stored."""
+    directory = Path(directory)
+    token = _STORE.set(_Store(directory, read))
+    try:
+        yield directory
+    finally:
+        _STORE.reset(token)
+
+
+def current_run_store() -> tuple[str, bool] | None:
+    """(directory, read) of the active store, for handing it to a worker process; None outside one."""
+    store = _STORE.get()
+    return None if store is None else (str(store.directory), store.read)
+
+
+def _call_record(fn: Callable, args: tuple, kwargs: dict) -> dict:
+    try:
+        return json.loads(json.dumps({"function": f"{fn.__module__}.{fn.__qualname__}", "args": list(args),
+                                      "kwargs": kwargs}, sort_keys=True))
+    except TypeError as err:
+        raise TypeError(f"stored_run {fn.__qualname__}: arguments must be JSON values ({err})") from None
+
+
+def stored_run(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a deterministic function of JSON arguments returning a JSON value (see the module docstring)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        store = _STORE.get()
+        if store is None:
+            return json.loads(json.dumps(fn(*args, **kwargs)))
+        call = _call_record(fn, args, kwargs)
+        digest = hashlib.sha256(json.dumps(call, sort_keys=True).encode()).hexdigest()[:24]
+        path = store.directory / f"{fn.__name__.lstrip('_')}-{digest}.json"
+        if store.read and path.exists():
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                record = None  # a damaged file only costs the run it held
+            if isinstance(record, dict) and record.get("call") == call and "result" in record:
+                return record["result"]
+        result = json.loads(json.dumps(fn(*args, **kwargs)))
+        from .runner import code_version  # late: the runner imports this module
+
+        store.directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"call": call, "result": result, "written_by": code_version()},
+                                           sort_keys=True) + "\n")
+        return result
+
+    return wrapper

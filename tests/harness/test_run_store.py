@@ -1,0 +1,127 @@
+"""run_store / stored_run: finished trainings kept on disk across processes and specs, read back exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from icml26.harness.run_store import current_run_store, run_store, stored_run
+from icml26.harness.runner import run_spec
+from icml26.harness.spec import Comparator, ExperimentSpec
+
+CALLS: list[tuple] = []
+
+
+@stored_run
+def _training(config: dict, seed: int, lr: float) -> dict:
+    """A stand-in training: counts its calls; returns a tuple, an int, inf and nan to test the JSON round trip."""
+    CALLS.append((seed, lr))
+    return {"curve": (1.5, 0.1 + seed), "n": 3, "diverged": float("inf"), "spread": float("nan"),
+            "loss": config["scale"] * lr / 3}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_calls():
+    CALLS.clear()
+
+
+def _same(a, b) -> bool:
+    return all(math.isnan(x) and math.isnan(y) or x == y for x, y in zip(_leaves(a), _leaves(b)))
+
+
+def _leaves(obj):
+    if isinstance(obj, dict):
+        for key in sorted(obj):
+            yield from _leaves(obj[key])
+    elif isinstance(obj, list):
+        for item in obj:
+            yield from _leaves(item)
+    else:
+        yield obj
+
+
+def test_outside_a_store_every_call_runs_and_the_result_is_json_normalised(tmp_path):
+    a = _training({"scale": 1.0}, 0, 0.3)
+    b = _training({"scale": 1.0}, 0, 0.3)
+    assert len(CALLS) == 2 and a["curve"] == [1.5, 0.1]  # a list, as when read from a store
+    assert current_run_store() is None and not list(tmp_path.iterdir())
+
+
+def test_a_stored_run_is_read_back_exactly_instead_of_rerun(tmp_path):
+    with run_store(tmp_path / "runs"):
+        fresh = _training({"scale": 2.0}, 1, 1e-3)
+        again = _training({"scale": 2.0}, 1, 1e-3)
+        other = _training({"scale": 2.0}, 2, 1e-3)  # another seed is another run
+    assert CALLS == [(1, 1e-3), (2, 1e-3)]
+    assert _same(fresh, again) and again["loss"] == 2.0 * 1e-3 / 3 and math.isinf(again["diverged"])
+    assert other["curve"] == [1.5, 2.1]
+    files = sorted((tmp_path / "runs").glob("training-*.json"))
+    assert len(files) == 2
+    record = json.loads(files[0].read_text())
+    assert record["call"]["function"].endswith("_training") and "git_sha" in record["written_by"]
+
+
+def test_read_false_recomputes_and_overwrites(tmp_path):
+    with run_store(tmp_path / "runs"):
+        _training({"scale": 1.0}, 0, 0.5)
+    with run_store(tmp_path / "runs", read=False):
+        _training({"scale": 1.0}, 0, 0.5)
+    assert len(CALLS) == 2 and len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_a_damaged_or_foreign_file_costs_only_its_run(tmp_path):
+    with run_store(tmp_path / "runs"):
+        _training({"scale": 1.0}, 0, 0.5)
+    (path,) = (tmp_path / "runs").iterdir()
+    path.write_text('{"call": {"function": "tru')  # truncated
+    with run_store(tmp_path / "runs"):
+        res = _training({"scale": 1.0}, 0, 0.5)
+    assert len(CALLS) == 2 and res["loss"] == pytest.approx(0.5 / 3)
+    record = json.loads(path.read_text())
+    record["call"]["args"][1] = 7  # a file whose call differs from its name is not trusted
+    path.write_text(json.dumps(record))
+    with run_store(tmp_path / "runs"):
+        _training({"scale": 1.0}, 0, 0.5)
+    assert len(CALLS) == 3
+
+
+def test_arguments_that_are_not_json_are_refused_by_name(tmp_path):
+    with run_store(tmp_path / "runs"), pytest.raises(TypeError, match="_training: arguments must be JSON"):
+        _training({"scale": object()}, 0, 0.5)
+    assert not CALLS
+
+
+def _spec(spec_id: str) -> ExperimentSpec:
+    """Two specs of one room that share their trainings, as fix_attention's and kromhc's do."""
+    def run(config, seed, prepared):
+        method, base = _training(config, seed, 0.3), _training(config, seed, 0.1)
+        gain = method["loss"] - base["loss"] + 0.01 * seed
+        return {"arms": {"method": {"loss": method["loss"]}, "baseline": {"loss": base["loss"]}},
+                "statistics": {"gain": gain}}
+    return ExperimentSpec(id=spec_id, room="toyroom", claim="c", paper_ref="none", metric="m",
+                          arms=("method", "baseline"), baseline="baseline",
+                          comparator=Comparator("gain", ">", 0.0, "gain > 0"), run=run,
+                          tiers={"smoke": {"scale": 1.0}, "quick": {"scale": 1.0}}, seeds={"smoke": 1, "quick": 3})
+
+
+def test_the_runner_shares_trainings_across_specs_and_processes_and_force_recomputes(tmp_path):
+    first = run_spec(_spec("first"), "quick", tmp_path)
+    assert len(CALLS) == 6 and len(list((tmp_path / "toyroom" / "runs").glob("*.json"))) == 6
+    # the second spec, as in a new process (no in-process memo here at all): every training is read back
+    second = run_spec(_spec("second"), "quick", tmp_path)
+    assert len(CALLS) == 6 and second["statistics"] == first["statistics"]
+    run_spec(_spec("second"), "quick", tmp_path, force=True)
+    assert len(CALLS) == 12
+
+
+def test_seed_worker_processes_write_to_the_parent_store(tmp_path):
+    """With ``seed_jobs=2`` the reported seeds train in spawned workers; their trainings land in OUT/ROOM/runs too
+    (kromhc smoke: 3 arms x 2 seeds, beside the tuning runs on the tuning seeds)."""
+    from icml26.harness.runner import reproduce
+
+    reproduce(["kromhc"], "smoke", tmp_path, spec_ids=["tiny_lm_vs_mhc_lite"], n_seeds=2, seed_jobs=2)
+    calls = [json.loads(p.read_text())["call"]["args"] for p in (tmp_path / "kromhc" / "runs").glob("*.json")]
+    assert sorted((args[2], args[0]) for args in calls if args[2] in (0, 1)) == [
+        (s, arm) for s in (0, 1) for arm in ("kromhc", "mhc_lite", "residual")]
