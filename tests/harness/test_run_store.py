@@ -60,7 +60,7 @@ def test_a_stored_run_is_read_back_exactly_instead_of_rerun(tmp_path):
     files = sorted((tmp_path / "runs").glob("training-*.json"))
     assert len(files) == 2
     record = json.loads(files[0].read_text())
-    assert record["call"]["function"].endswith("_training") and "git_sha" in record["written_by"]
+    assert record["call"]["function"].endswith("_training") and {"git_sha", "cpu_model"} <= set(record["written_by"])
 
 
 def test_read_false_recomputes_and_overwrites(tmp_path):
@@ -114,6 +114,9 @@ def test_the_runner_shares_trainings_across_specs_and_processes_and_force_recomp
     assert len(CALLS) == 6 and second["statistics"] == first["statistics"]
     run_spec(_spec("second"), "quick", tmp_path, force=True)
     assert len(CALLS) == 12
+    # a run placed on another device keeps its own trainings
+    run_spec(_spec("first"), "quick", tmp_path / "placed", device="cpu", precision="bf16")
+    assert len(CALLS) == 18 and len(list((tmp_path / "placed" / "toyroom" / "runs-cpu-bf16").glob("*.json"))) == 6
 
 
 def test_seed_worker_processes_write_to_the_parent_store(tmp_path):

@@ -14,7 +14,9 @@ exactly, inf and nan included).
 
 A stored run is keyed by the function and its arguments only (the runner's configs are part of the arguments), not
 by the code: after changing a room's training code, delete ``OUT/ROOM/runs`` or run with ``--force``, which
-recomputes and overwrites instead of reading. Each file records the git sha that wrote it, for the card.
+recomputes and overwrites instead of reading. Each file records the git sha and the CPU that wrote it, for the
+card. A run placed with ``--device`` or ``--precision`` gets its own directory (``runs-cuda``, ``runs-cuda-bf16``):
+its trainings are not the CPU's.
 """
 from __future__ import annotations
 
@@ -85,10 +87,12 @@ def stored_run(fn: Callable[..., Any]) -> Callable[..., Any]:
             if isinstance(record, dict) and record.get("call") == call and "result" in record:
                 return record["result"]
         result = json.loads(json.dumps(fn(*args, **kwargs)))
-        from .runner import code_version  # late: the runner imports this module
+        from .runner import code_version, cpu_model  # late: the runner imports this module
 
+        # Another CPU kind gives other floats for the same training: the card names what each file came from.
+        written_by = {**code_version(), "cpu_model": cpu_model()}
         store.directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"call": call, "result": result, "written_by": code_version()},
+        atomic_write_text(path, json.dumps({"call": call, "result": result, "written_by": written_by},
                                            sort_keys=True) + "\n")
         return result
 

@@ -303,9 +303,11 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                 if r.get("seed") in done or (r.get("phase") == "prepare" and prepared is not None)]
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     try:
-        # Finished trainings go to OUT/ROOM/runs/, where the room's other specs and a resumed run find them.
+        # Finished trainings go to OUT/ROOM/runs/ (runs-DEVICE[-PRECISION] when placed), where the room's other specs
+        # and a resumed run find them.
+        stored = run_store(path.parent / "-".join(["runs", *placement.values()]), read=not force)
         with PeakRSS() as mem, metric_log(metrics_path) as logger, _default_device(device), \
-                _autocast(precision, device), _torch_threads_kept(), run_store(path.parent / "runs", read=not force):
+                _autocast(precision, device), _torch_threads_kept(), stored:
             if spec.prepare is not None and prepared is None:
                 logger.tags = {"phase": "prepare"}
                 # Each tuning score is checkpointed (JSON in SPEC.tuning.ckpt, a name the report does not read as a
