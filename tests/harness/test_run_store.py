@@ -87,6 +87,26 @@ def test_a_damaged_or_foreign_file_costs_only_its_run(tmp_path):
     assert len(CALLS) == 3
 
 
+def test_editing_the_functions_package_retrains(tmp_path, monkeypatch):
+    from icml26.harness import run_store as module
+
+    with run_store(tmp_path / "runs"):
+        _training({"scale": 1.0}, 0, 0.5)
+        monkeypatch.setattr(module, "source_fingerprint", lambda package_dir: "edited")
+        _training({"scale": 1.0}, 0, 0.5)
+    assert len(CALLS) == 2 and len(list((tmp_path / "runs").iterdir())) == 2
+
+
+def test_the_fingerprint_follows_the_source_files(tmp_path):
+    from icml26.harness.run_store import source_fingerprint
+
+    (tmp_path / "train.py").write_text("x = 1\n")
+    before = source_fingerprint(str(tmp_path))
+    source_fingerprint.cache_clear()
+    (tmp_path / "train.py").write_text("x = 2\n")
+    assert source_fingerprint(str(tmp_path)) != before
+
+
 def test_arguments_that_are_not_json_are_refused_by_name(tmp_path):
     with run_store(tmp_path / "runs"), pytest.raises(TypeError, match="_training: arguments must be JSON"):
         _training({"scale": object()}, 0, 0.5)

@@ -12,16 +12,18 @@ first and written there, atomically, when it finishes. Outside it the function r
 passed through JSON either way, so a stored result and a fresh one are the same value (lists, not tuples; floats
 exactly, inf and nan included).
 
-A stored run is keyed by the function and its arguments only (the runner's configs are part of the arguments), not
-by the code: after changing a room's training code, delete ``OUT/ROOM/runs`` or run with ``--force``, which
-recomputes and overwrites instead of reading. Each file records the git sha and the CPU that wrote it, for the
-card. A run placed with ``--device`` or ``--precision`` gets its own directory (``runs-cuda``, ``runs-cuda-bf16``):
+A stored run is keyed by the function, its arguments (the runner's configs are part of them) and a fingerprint of
+the source files of the function's package (the room's ``*.py``): editing the room's code retrains. Code shared
+with other rooms (``icml26.models``, ``icml26.core``) is not in the fingerprint; after changing what a room's
+trainings compute there, delete ``OUT/ROOM/runs`` or run with ``--force``, which recomputes and overwrites instead
+of reading. Each file records the git sha and the CPU that wrote it, for the card. A run placed with ``--device`` or ``--precision`` gets its own directory (``runs-cuda``, ``runs-cuda-bf16``):
 its trainings are not the CPU's.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import os
 from contextlib import contextmanager
@@ -60,10 +62,20 @@ def current_run_store() -> tuple[str, bool] | None:
     return None if store is None else (str(store.directory), store.read)
 
 
+@functools.lru_cache(maxsize=None)
+def source_fingerprint(package_dir: str) -> str:
+    """sha256 (first 16 hex digits) over the names and contents of the ``*.py`` files in ``package_dir``."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(package_dir).glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def _call_record(fn: Callable, args: tuple, kwargs: dict) -> dict:
+    code = source_fingerprint(str(Path(inspect.getfile(fn)).resolve().parent))
     try:
-        return json.loads(json.dumps({"function": f"{fn.__module__}.{fn.__qualname__}", "args": list(args),
-                                      "kwargs": kwargs}, sort_keys=True))
+        return json.loads(json.dumps({"function": f"{fn.__module__}.{fn.__qualname__}", "code": code,
+                                      "args": list(args), "kwargs": kwargs}, sort_keys=True))
     except TypeError as err:
         raise TypeError(f"stored_run {fn.__qualname__}: arguments must be JSON values ({err})") from None
 
