@@ -16,8 +16,9 @@ A stored run is keyed by the function, its arguments (the runner's configs are p
 the source files of the function's package (the room's ``*.py``): editing the room's code retrains. Code shared
 with other rooms (``icml26.models``, ``icml26.core``) is not in the fingerprint; after changing what a room's
 trainings compute there, delete ``OUT/ROOM/runs`` or run with ``--force``, which recomputes and overwrites instead
-of reading. Each file records the git sha and the CPU that wrote it, for the card. A run placed with ``--device`` or ``--precision`` gets its own directory (``runs-cuda``, ``runs-cuda-bf16``):
-its trainings are not the CPU's.
+of reading. Each file records the git sha and the CPU that wrote it, for the card. A run placed with ``--device``
+or ``--precision`` gets its own directory (``runs-cuda``, ``runs-cuda-bf16``): its trainings are not the CPU's.
+(Not ``core.io.atomic_write_json``: it stores inf and nan as strings, and a stored result must read back as written.)
 """
 from __future__ import annotations
 
