@@ -113,6 +113,46 @@ def test_arguments_that_are_not_json_are_refused_by_name(tmp_path):
     assert not CALLS
 
 
+class _Trained:
+    """A stand-in for a trained model: a tensor and a count, which is what its ``save`` keeps."""
+
+    def __init__(self, weight, steps: int) -> None:
+        self.weight, self.steps = weight, steps
+
+
+@stored_run(save=lambda t: {"weight": t.weight, "steps": t.steps},
+            load=lambda saved, config, seed: _Trained(saved["weight"].clone(), saved["steps"]))
+def _model_training(config: dict, seed: int) -> _Trained:
+    import torch
+
+    CALLS.append(("model", seed))
+    return _Trained(torch.randn(3, 5, generator=torch.Generator().manual_seed(seed)) * config["scale"], 7)
+
+
+def test_a_training_that_returns_a_model_is_stored_as_tensors_and_rebuilt(tmp_path):
+    import torch
+
+    outside = _model_training({"scale": 2.0}, 1)  # outside a store: rebuilt through save/load all the same
+    with run_store(tmp_path / "runs"):
+        fresh = _model_training({"scale": 2.0}, 1)
+        again = _model_training({"scale": 2.0}, 1)
+    assert CALLS == [("model", 1), ("model", 1)]
+    assert torch.equal(fresh.weight, again.weight) and torch.equal(outside.weight, again.weight)
+    assert again.steps == 7 and fresh is not again
+    (path,) = (tmp_path / "runs").glob("model_training-*.pt")
+    record = torch.load(path, weights_only=True)  # tensors and plain values only: no pickled code
+    assert record["call"]["args"] == [{"scale": 2.0}, 1] and "cpu_model" in record["written_by"]
+    path.write_bytes(path.read_bytes()[:40])  # a truncated checkpoint costs only its run
+    with run_store(tmp_path / "runs"):
+        _model_training({"scale": 2.0}, 1)
+    assert len(CALLS) == 3
+
+
+def test_save_without_load_is_refused():
+    with pytest.raises(TypeError, match="both save and load"):
+        stored_run(save=lambda result: result)
+
+
 def _spec(spec_id: str) -> ExperimentSpec:
     """Two specs of one room that share their trainings, as fix_attention's and kromhc's do."""
     def run(config, seed, prepared):

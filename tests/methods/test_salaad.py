@@ -539,3 +539,35 @@ def test_tuning_gives_every_arm_the_same_number_of_settings(monkeypatch):
     out = experiments.tune(experiments.TIERS["quick"])["tuning"]
     assert {arm: len(v) for arm, v in seen.items()} == {"salaad": 3, "rpca": 3, "svd": 3, "magnitude": 3}
     assert out["chosen"]["salaad"] == 1e4 and out["chosen"]["rpca"] == 1.0 and out["on_edge"] == []
+
+
+def test_a_full_tier_resumes_from_the_run_store_without_retraining(tmp_path, monkeypatch):
+    """Each training is stored as a model + hook checkpoint and each arm's curve as JSON: a new process (the memos
+    cleared here) reads them back and gives the same statistics; with only the checkpoints left, the curves are
+    recomputed from the reloaded models, again exactly."""
+    from icml26.harness.run_store import run_store
+    from icml26.methods.salaad import experiments
+
+    config = experiments.TIERS["smoke"]
+    prep = {"tuning": {"chosen": {"salaad": 1e4, "rpca": 1.0, "svd": "global", "magnitude": "uniform"},
+                       "on_edge": []}}
+    monkeypatch.setattr(experiments, "_TRAINED", {})  # this test's own in-process memos, as in a new process
+    monkeypatch.setattr(experiments, "_SEEDS", {})
+    with run_store(tmp_path / "runs"):
+        fresh = experiments.run_seed(config, 0, prep)
+    stored = sorted(p.name.split("-")[0] + p.suffix for p in (tmp_path / "runs").iterdir())
+    assert stored == ["stored_curve.json"] * 5 + ["train.pt"] * 2
+
+    def retrain(*args, **kwargs):
+        raise AssertionError("a stored training was run again")
+
+    monkeypatch.setattr(experiments, "seed_everything", retrain)
+    for drop_curves in (False, True):
+        experiments._TRAINED.clear()
+        experiments._SEEDS.clear()
+        if drop_curves:
+            for path in (tmp_path / "runs").glob("stored_curve-*.json"):
+                path.unlink()
+        with run_store(tmp_path / "runs"):
+            again = experiments.run_seed(config, 0, prep)
+        assert again["statistics"] == fresh["statistics"] and again["arms"] == fresh["arms"]

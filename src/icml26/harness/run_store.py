@@ -19,6 +19,12 @@ trainings compute there, delete ``OUT/ROOM/runs`` or run with ``--force``, which
 of reading. Each file records the git sha and the CPU that wrote it, for the card. A run placed with ``--device``
 or ``--precision`` gets its own directory (``runs-cuda``, ``runs-cuda-bf16``): its trainings are not the CPU's.
 (Not ``core.io.atomic_write_json``: it stores inf and nan as strings, and a stored result must read back as written.)
+
+A training that returns a model, not JSON, is stored with ``@stored_run(save=..., load=...)``: ``save(result)``
+gives tensors in dicts and lists (a ``state_dict``), written with ``torch.save`` to ``NAME-DIGEST.pt`` and read
+back with ``weights_only=True`` (no pickled code runs on load); ``load(saved, *args, **kwargs)`` rebuilds the result
+from them and the call's arguments. A fresh call returns ``load(save(result))`` too, so the caller gets the same
+object whether it was trained now or read back.
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..core.io import atomic_write_text
+from ..core.io import atomic_write_bytes, atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -81,32 +87,65 @@ def _call_record(fn: Callable, args: tuple, kwargs: dict) -> dict:
         raise TypeError(f"stored_run {fn.__qualname__}: arguments must be JSON values ({err})") from None
 
 
-def stored_run(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a deterministic function of JSON arguments returning a JSON value (see the module docstring)."""
+def stored_run(fn: Callable[..., Any] | None = None, *, save: Callable[[Any], Any] | None = None,
+               load: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Decorate a deterministic function of JSON arguments returning a JSON value, or, with ``save`` and ``load``
+    (both or neither), one returning anything ``save`` turns into tensors (see the module docstring)."""
+    if (save is None) != (load is None):
+        raise TypeError("stored_run needs both save and load, or neither")
+    if fn is None:
+        return functools.partial(stored_run, save=save, load=load)
+    as_json = save is None
+
+    def normalised(result, args, kwargs):
+        if as_json:
+            return json.loads(json.dumps(result))
+        return load(save(result), *args, **kwargs)
+
+    def read(path: Path, call: dict):
+        try:
+            if as_json:
+                record = json.loads(path.read_text())
+            else:
+                import torch
+                record = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - a damaged file (any reader error) only costs the run it held
+            return None
+        if isinstance(record, dict) and record.get("call") == call and "result" in record:
+            return record
+        return None
+
+    def write(path: Path, call: dict, result, written_by: dict) -> None:
+        record = {"call": call, "result": result if as_json else save(result), "written_by": written_by}
+        if as_json:
+            atomic_write_text(path, json.dumps(record, sort_keys=True) + "\n")
+        else:
+            import io
+
+            import torch
+            buffer = io.BytesIO()
+            torch.save(record, buffer)
+            atomic_write_bytes(path, buffer.getvalue())
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         store = _STORE.get()
         if store is None:
-            return json.loads(json.dumps(fn(*args, **kwargs)))
+            return normalised(fn(*args, **kwargs), args, kwargs)
         call = _call_record(fn, args, kwargs)
         digest = hashlib.sha256(json.dumps(call, sort_keys=True).encode()).hexdigest()[:24]
-        path = store.directory / f"{fn.__name__.lstrip('_')}-{digest}.json"
+        path = store.directory / f"{fn.__name__.lstrip('_')}-{digest}.{'json' if as_json else 'pt'}"
         if store.read and path.exists():
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
-                record = None  # a damaged file only costs the run it held
-            if isinstance(record, dict) and record.get("call") == call and "result" in record:
-                return record["result"]
-        result = json.loads(json.dumps(fn(*args, **kwargs)))
+            record = read(path, call)
+            if record is not None:
+                return record["result"] if as_json else load(record["result"], *args, **kwargs)
+        result = fn(*args, **kwargs)
         from .runner import code_version, cpu_model  # late: the runner imports this module
 
         # Another CPU kind gives other floats for the same training: the card names what each file came from.
         written_by = {**code_version(), "cpu_model": cpu_model()}
         store.directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"call": call, "result": result, "written_by": written_by},
-                                           sort_keys=True) + "\n")
-        return result
+        write(path, call, result, written_by)
+        return normalised(result, args, kwargs)
 
     return wrapper

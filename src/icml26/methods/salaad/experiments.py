@@ -32,6 +32,7 @@ from torch import nn
 from ...core.logging import log_metrics
 from ...core.progress import progress
 from ...core.seeding import seed_everything
+from ...harness.run_store import stored_run
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import ListGrid, LogGrid, tune_per_arm
 from .admm import SALAAD
@@ -95,13 +96,14 @@ _TRAINED: dict[str, tuple[nn.Module, SALAAD]] = {}
 
 
 def train(config: Mapping[str, Any], seed: int, *, coupled: bool, rho_scale: float) -> tuple[nn.Module, SALAAD]:
-    """One training run (memoised in-process; callers never modify the returned model); ``coupled=False`` is plain
-    training with a tracked (uncoupled) decomposition."""
+    """One training run (memoised in-process and kept in the run store, where the runner opens one; callers never
+    modify the returned model); ``coupled=False`` is plain training with a tracked (uncoupled) decomposition."""
     import json
 
-    key = json.dumps([dict(config), seed, coupled, rho_scale if coupled else None], sort_keys=True, default=str)
+    rho_scale = float(rho_scale) if coupled else 1.0  # the uncoupled hook's rho never acts on training
+    key = json.dumps([dict(config), seed, coupled, rho_scale], sort_keys=True, default=str)
     if key not in _TRAINED:
-        _TRAINED[key] = _train(config, seed, coupled=coupled, rho_scale=rho_scale)
+        _TRAINED[key] = _train(dict(config), seed, coupled=coupled, rho_scale=rho_scale)
     return _TRAINED[key]
 
 
@@ -120,13 +122,36 @@ def _one_thread(fn):
     return wrapped
 
 
-def _train(config: Mapping[str, Any], seed: int, *, coupled: bool, rho_scale: float) -> tuple[nn.Module, SALAAD]:
-    from ...data.text import load_corpus, sample_batch
+def _build(config: Mapping[str, Any], *, coupled: bool, rho_scale: float) -> tuple[nn.Module, SALAAD]:
+    """A fresh TinyLM (initialised from the global RNG) and its SALAAD hook over every 2-D weight."""
     from ...models.tiny_lm import TinyLM
 
-    seed_everything(seed)
     model = TinyLM(_lm_config(config))
     hook = SALAAD(model, _blocks(rho_scale), config=SALAADConfig(num_freq=config["num_freq"]), coupled=coupled)
+    return model, hook
+
+
+def _save_trained(trained: tuple[nn.Module, SALAAD]) -> dict:
+    model, hook = trained
+    return {"model": model.state_dict(), "hook": hook.state_dict()}
+
+
+def _load_trained(saved: Mapping[str, Any], config: Mapping[str, Any], seed: int, *, coupled: bool,
+                  rho_scale: float) -> tuple[nn.Module, SALAAD]:
+    model, hook = _build(config, coupled=coupled, rho_scale=rho_scale)
+    model.load_state_dict(saved["model"])
+    hook.load_state_dict(saved["hook"])
+    return model, hook
+
+
+@stored_run(save=_save_trained, load=_load_trained)
+def _train(config: Mapping[str, Any], seed: int, *, coupled: bool, rho_scale: float) -> tuple[nn.Module, SALAAD]:
+    """The training itself. A full-tier run takes most of an hour on one core, so the run store keeps each one as a
+    model + hook checkpoint (a resumed run, or the second spec after a restart, reads it back)."""
+    from ...data.text import load_corpus, sample_batch
+
+    seed_everything(seed)
+    model, hook = _build(config, coupled=coupled, rho_scale=rho_scale)
     opt = torch.optim.AdamW(model.parameters(), lr=config["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
     steps, warmup = config["steps"], config["warmup_steps"]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps, warmup))
@@ -197,6 +222,24 @@ def compress_curve(arm: str, setting: Any, model: nn.Module, hook: SALAAD, budge
     return out
 
 
+@stored_run
+def _stored_curve(config: dict, seed: int, arm: str, setting: Any, budgets: list, rho_scale: float) -> list:
+    """:func:`compress_curve` of ``arm`` at ``setting`` from its training (SALAAD's at ``rho_scale``, the vanilla
+    run for every other arm) as ``[[budget, record], ...]``, kept in the run store: the recovery fine-tunings of a
+    full-tier seed take as long as its trainings."""
+    coupled = arm == "salaad"
+    model, hook = train(config, seed, coupled=coupled, rho_scale=rho_scale)
+    curve = compress_curve(arm, setting, model, hook, budgets, _val_batches(config), config, seed)
+    return [[f, record] for f, record in curve.items()]
+
+
+def arm_curve(config: Mapping[str, Any], seed: int, arm: str, setting: Any, budgets: list[float]) -> dict:
+    """{budget: record} of one arm after compression and recovery (see :func:`compress_curve`); SALAAD's
+    ``setting`` is its rho scale."""
+    rho_scale = float(setting) if arm == "salaad" else 1.0
+    return {f: record for f, record in _stored_curve(dict(config), seed, arm, setting, list(budgets), rho_scale)}
+
+
 def _low(curve: Mapping[float, Mapping[str, float]], key: str = "loss") -> float:
     values = [r[key] for f, r in curve.items() if f <= LOW_BUDGET + 1e-9]
     return sum(values) / len(values) if values else math.nan
@@ -218,15 +261,10 @@ def _grids(config: Mapping[str, Any]) -> dict:
 def tune(config: Mapping[str, Any]) -> dict:
     """Equal budget per arm (3 settings, LogGrids extended at an edge) on tuning seed 1000; score = mean loss after
     recovery over budgets <= 30% (the claim's own metric)."""
-    batches = _val_batches(config)
     low_budgets = [f for f in config["budgets"] if f <= LOW_BUDGET + 1e-9]
 
     def score(arm: str, value: Any, seed: int) -> float:
-        if arm == "salaad":
-            model, hook = train(config, seed, coupled=True, rho_scale=float(value))
-        else:
-            model, hook = train(config, seed, coupled=False, rho_scale=1.0)
-        return _low(compress_curve(arm, value, model, hook, low_budgets, batches, config, seed))
+        return _low(arm_curve(config, seed, arm, value, low_budgets))
 
     return {"tuning": tune_per_arm(_grids(config), score, mode="min", desc="salaad tuning")}
 
@@ -243,17 +281,9 @@ def seed_curves(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any
     if key in _SEEDS:
         return _SEEDS[key]
     batches, budgets = _val_batches(config), config["budgets"]
-    vanilla, v_hook = train(config, seed, coupled=False, rho_scale=1.0)
+    curves = {arm: arm_curve(config, seed, arm, choices.get(arm), budgets) for arm in ARMS}
+    vanilla, _ = train(config, seed, coupled=False, rho_scale=1.0)
     model, hook = train(config, seed, coupled=True, rho_scale=float(choices["salaad"]))
-    curves = {
-        "salaad": compress_curve("salaad", choices["salaad"], model, hook, budgets, batches, config, seed),
-        "svd": compress_curve("svd", choices["svd"], vanilla, v_hook, budgets, batches, config, seed),
-        "magnitude": compress_curve("magnitude", choices["magnitude"], vanilla, v_hook, budgets, batches, config,
-                                    seed),
-        "rpca": compress_curve("rpca", choices["rpca"], vanilla, v_hook, budgets, batches, config, seed),
-        "salaad_uncoupled": compress_curve("salaad_uncoupled", None, vanilla, v_hook, budgets, batches, config,
-                                           seed),
-    }
     out = {"curves": curves, "dense": {"salaad": val_loss(model, batches), "vanilla": val_loss(vanilla, batches)},
            "stats": hook.stats(), "n_dense": sum(p.numel() for p in model.parameters())}
     _SEEDS[key] = out
