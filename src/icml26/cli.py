@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "process with cpu_count / JOBS torch threads (default 1: one after another in this process)")
     p.add_argument("--seed-jobs", type=_positive_int, default=1, help="run this many seeds of a spec at once, "
                    "in SEED_JOBS worker processes with cpu_count / SEED_JOBS torch threads each, after its tuning; "
-                   "a room's claims share the workers (seed s in worker s mod SEED_JOBS) (default 1)")
+                   "a room's claims share the workers (seed s in worker s mod SEED_JOBS); rooms that train their "
+                   "tuning grid ahead (kromhc, salaad) also train it there, SEED_JOBS at a time (default 1)")
     p.add_argument("--device", default=None, help="torch device the claims run on, e.g. cuda (default: CPU); "
                    "recorded in each result")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="fp32 (default), or mixed "

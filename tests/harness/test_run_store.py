@@ -179,12 +179,28 @@ def test_the_runner_shares_trainings_across_specs_and_processes_and_force_recomp
     assert len(CALLS) == 18 and len(list((tmp_path / "placed" / "toyroom" / "runs-cpu-bf16").glob("*.json"))) == 6
 
 
-def test_seed_worker_processes_write_to_the_parent_store(tmp_path):
-    """With ``seed_jobs=2`` the reported seeds train in spawned workers; their trainings land in OUT/ROOM/runs too
-    (kromhc smoke: 3 arms x 2 seeds, beside the tuning runs on the tuning seeds)."""
+def test_seed_workers_train_the_tuning_grid_and_the_seeds_into_the_parent_store(tmp_path, monkeypatch):
+    """With ``seed_jobs=2`` kromhc's tuning grid is trained ahead in the room's 2 worker processes (``run_ahead``)
+    and the reported seeds in the same workers; every training lands in OUT/ROOM/runs, this process trains none
+    of them, and the statistics equal a run in one process (kromhc smoke: 3 arms x 3 lrs x 2 tuning seeds, then
+    3 arms x 2 seeds)."""
     from icml26.harness.runner import reproduce
+    from icml26.methods.kromhc import experiments
 
-    reproduce(["kromhc"], "smoke", tmp_path, spec_ids=["tiny_lm_vs_mhc_lite"], n_seeds=2, seed_jobs=2)
-    calls = [json.loads(p.read_text())["call"]["args"] for p in (tmp_path / "kromhc" / "runs").glob("*.json")]
-    assert sorted((args[2], args[0]) for args in calls if args[2] in (0, 1)) == [
-        (s, arm) for s in (0, 1) for arm in ("kromhc", "mhc_lite", "residual")]
+    built = []
+    monkeypatch.setattr(experiments, "build_model", lambda *a, **k: built.append(a) or _unreachable())
+    (parallel,) = reproduce(["kromhc"], "smoke", tmp_path / "two", spec_ids=["tiny_lm_vs_mhc_lite"], n_seeds=2,
+                            seed_jobs=2)
+    assert built == []  # the workers import the room afresh: the patched builder is this process's only
+    calls = [json.loads(p.read_text())["call"]["args"] for p in (tmp_path / "two" / "kromhc" / "runs").glob("*.json")]
+    arms = ("kromhc", "mhc_lite", "residual")
+    assert sorted((args[2], args[0]) for args in calls if args[2] in (0, 1)) == [(s, a) for s in (0, 1) for a in arms]
+    assert len([args for args in calls if args[2] not in (0, 1)]) >= 3 * 3 * 2  # the tuning grid, and extensions
+    monkeypatch.undo()
+    (serial,) = reproduce(["kromhc"], "smoke", tmp_path / "one", spec_ids=["tiny_lm_vs_mhc_lite"], n_seeds=2)
+    assert [r["statistics"] for r in parallel["seed_results"]] == [r["statistics"] for r in serial["seed_results"]]
+    assert parallel["prepared"] == serial["prepared"]
+
+
+def _unreachable():
+    raise AssertionError("a training ran in the parent process")

@@ -571,3 +571,22 @@ def test_a_full_tier_resumes_from_the_run_store_without_retraining(tmp_path, mon
         with run_store(tmp_path / "runs"):
             again = experiments.run_seed(config, 0, prep)
         assert again["statistics"] == fresh["statistics"] and again["arms"] == fresh["arms"]
+
+
+def test_seed_workers_train_the_tuning_grid_ahead_with_the_same_numbers(tmp_path, monkeypatch):
+    """``--seed-jobs 2``: the tuning's trainings and curves are computed ahead in the room's workers (``ahead`` in
+    ``tune`` must name exactly the calls ``score`` makes, or this process would train them again) and the result
+    equals a run in one process."""
+    from icml26.harness.runner import reproduce
+    from icml26.methods.salaad import experiments
+
+    def trained_here(*args, **kwargs):
+        raise AssertionError("a training or a curve was computed in the parent process")
+
+    monkeypatch.setattr(experiments, "seed_everything", trained_here)
+    monkeypatch.setattr(experiments, "compress_curve", trained_here)
+    (parallel,) = reproduce(["salaad"], "smoke", tmp_path / "two", spec_ids=["budget_curve"], n_seeds=2, seed_jobs=2)
+    monkeypatch.undo()
+    (serial,) = reproduce(["salaad"], "smoke", tmp_path / "one", spec_ids=["budget_curve"], n_seeds=2)
+    assert parallel["prepared"] == serial["prepared"]
+    assert [r["statistics"] for r in parallel["seed_results"]] == [r["statistics"] for r in serial["seed_results"]]

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ..core.io import atomic_write_bytes, atomic_write_text
 
@@ -127,14 +127,25 @@ def stored_run(fn: Callable[..., Any] | None = None, *, save: Callable[[Any], An
             torch.save(record, buffer)
             atomic_write_bytes(path, buffer.getvalue())
 
+    def located(store: _Store, args: tuple, kwargs: dict) -> tuple[Path, dict]:
+        call = _call_record(fn, args, kwargs)
+        digest = hashlib.sha256(json.dumps(call, sort_keys=True).encode()).hexdigest()[:24]
+        return store.directory / f"{fn.__name__.lstrip('_')}-{digest}.{'json' if as_json else 'pt'}", call
+
+    def is_stored(*args, **kwargs) -> bool:
+        """Whether the active store holds this call's result, readable (False outside a store)."""
+        store = _STORE.get()
+        if store is None:
+            return False
+        path, call = located(store, args, kwargs)
+        return path.exists() and read(path, call) is not None
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         store = _STORE.get()
         if store is None:
             return normalised(fn(*args, **kwargs), args, kwargs)
-        call = _call_record(fn, args, kwargs)
-        digest = hashlib.sha256(json.dumps(call, sort_keys=True).encode()).hexdigest()[:24]
-        path = store.directory / f"{fn.__name__.lstrip('_')}-{digest}.{'json' if as_json else 'pt'}"
+        path, call = located(store, args, kwargs)
         if store.read and path.exists():
             record = read(path, call)
             if record is not None:
@@ -148,4 +159,57 @@ def stored_run(fn: Callable[..., Any] | None = None, *, save: Callable[[Any], An
         write(path, call, result, written_by)
         return normalised(result, args, kwargs)
 
+    wrapper.is_stored = is_stored
     return wrapper
+
+
+def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> int:
+    """Compute the calls ``fn(*args, **kwargs)`` of a :func:`stored_run` function that the active store lacks,
+    several at once in the room's worker processes, before the caller needs them; returns how many ran.
+
+    A tuning grid is a list of independent trainings, but it is scored one after another, and a room that pins its
+    trainings to one torch thread (kromhc, salaad) then leaves the other cores idle. With ``--seed-jobs N`` the
+    runner keeps N worker processes per room (:func:`icml26.harness.runner.room_seed_workers`); this sends the
+    missing calls to them, round-robin, waits for all, and the caller's own calls then read the results back from
+    the store. Without workers, outside a store, or in a forced rerun (``read=False``: the caller would recompute
+    anyway) it does nothing and the caller computes each call when it comes to it, as before. ``fn`` must be
+    reachable as ``fn.__module__``.``fn.__name__`` (a module-level function), so a worker can import it."""
+    from .runner import _ROOM_SEED_WORKERS  # late: the runner imports this module
+
+    store, workers = _STORE.get(), _ROOM_SEED_WORKERS.get()
+    if store is None or not store.read or workers is None:
+        return 0
+    if not callable(getattr(fn, "is_stored", None)):
+        raise TypeError(f"run_ahead needs a stored_run function, got {getattr(fn, '__qualname__', fn)!r}")
+    missing, seen = [], set()
+    for args, kwargs in calls:
+        key = json.dumps([list(args), kwargs], sort_keys=True, default=repr)
+        if key not in seen and not fn.is_stored(*args, **kwargs):
+            seen.add(key)
+            missing.append((tuple(args), dict(kwargs)))
+    if not missing:
+        return 0
+    pool, threads = workers
+    futures = [pool[i % len(pool)].submit(_stored_call_in_worker, fn.__module__, fn.__name__, args, kwargs,
+                                          (str(store.directory), store.read), threads)
+               for i, (args, kwargs) in enumerate(missing)]
+    try:
+        for future in futures:
+            future.result()  # a failed call re-raises here
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
+    return len(missing)
+
+
+def _stored_call_in_worker(module: str, name: str, args: tuple, kwargs: dict, store: tuple[str, bool],
+                           threads: int) -> None:
+    """Worker-process entry of :func:`run_ahead`: one call, its result written to the parent's store."""
+    import importlib
+
+    import torch
+
+    torch.set_num_threads(threads)
+    with run_store(store[0], read=store[1]):
+        getattr(importlib.import_module(module), name)(*args, **kwargs)

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..core.io import atomic_write_json, read_json
 from ..core.progress import progress
@@ -131,7 +131,7 @@ def tuning_checkpoint(path: str | os.PathLike, identity: str) -> Iterator[None]:
 
 def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, float, int], float], *,
                  mode: str = "min", seeds: Iterable[int] = TUNING_SEEDS, max_extensions: int = 2,
-                 desc: str = "tuning") -> dict:
+                 desc: str = "tuning", ahead: Callable[[list[tuple[str, Any, int]]], Any] | None = None) -> dict:
     """Choose one value per arm by the same rule for every arm.
 
     Args:
@@ -143,6 +143,9 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
         mode: "min" or "max": which score is better.
         seeds: tuning seeds; the score of a value is its mean over them.
         max_extensions: how many times one arm's grid may grow past an edge.
+        ahead: called with the ``(arm, value, seed)`` evaluations about to be scored that no checkpoint holds yet
+            (first every arm's initial grid, then each extension's seeds), so the room can compute them at once
+            (``run_store.run_ahead``) before ``score`` reads them one by one. It must not change any score.
 
     Returns a JSON-able dict: ``chosen`` (arm -> value), ``scores`` (arm -> {repr(value): mean score}),
     ``on_edge`` (arms whose choice is still on a grid edge after the extensions), ``no_finite_score`` (arms for
@@ -177,11 +180,20 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
             checkpoint.put(name, found)
         return found
 
+    def run_ahead(points: list[tuple[str, Any, int]]) -> None:
+        if ahead is not None:
+            todo = [(arm, value, seed) for arm, value, seed in points
+                    if checkpoint is None or checkpoint.get(f"{call}|{arm}|{value!r}|{seed}") is None]
+            if todo:
+                ahead(todo)
+
+    run_ahead([(arm, value, seed) for arm, grid in grids.items() for value in grid.points() for seed in seeds])
     chosen, scores, on_edge, no_finite, evaluations = {}, {}, [], [], {}
     for arm, grid in grids.items():
         table: dict = {}
 
         def evaluate(value) -> None:
+            run_ahead([(arm, value, s) for s in seeds])
             runs = [scored(arm, value, s) for s in seeds]
             table[value] = sum(runs) / len(runs) if all(math.isfinite(r) for r in runs) else math.inf * sign
 

@@ -34,7 +34,7 @@ import torch
 from ...core.progress import progress
 from ...core.seeding import seed_everything
 from ...harness.plots import plot_mean_curves
-from ...harness.run_store import stored_run
+from ...harness.run_store import run_ahead, stored_run
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import LogGrid, tune_per_arm
 from .diagnostics import mixing_report, record_mixing
@@ -162,7 +162,10 @@ def prepare(config: Mapping[str, Any], baseline: str) -> dict:
     """Per-arm learning-rate tuning on ``TUNING_SEEDS`` (never reported): the same LogGrid for every arm."""
     grids = {arm: LogGrid(center=config["lr_center"], factor=3.0, size=3) for arm in _arms(config, baseline)}
     tuning = tune_per_arm(grids, lambda arm, lr, seed: train_arm(arm, config, seed, lr)["final_val_loss"],
-                          mode="min", seeds=TUNING_SEEDS, desc=f"kromhc lr ({baseline})")
+                          mode="min", seeds=TUNING_SEEDS, desc=f"kromhc lr ({baseline})",
+                          # with --seed-jobs N the grid's trainings run N at a time (one thread each)
+                          ahead=lambda points: run_ahead(_train_arm, [((arm, dict(config), seed, lr), {})
+                                                                      for arm, lr, seed in points]))
     return {"tuning": tuning}
 
 

@@ -32,7 +32,7 @@ from torch import nn
 from ...core.logging import log_metrics
 from ...core.progress import progress
 from ...core.seeding import seed_everything
-from ...harness.run_store import stored_run
+from ...harness.run_store import run_ahead, stored_run
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import ListGrid, LogGrid, tune_per_arm
 from .admm import SALAAD
@@ -266,7 +266,15 @@ def tune(config: Mapping[str, Any]) -> dict:
     def score(arm: str, value: Any, seed: int) -> float:
         return _low(arm_curve(config, seed, arm, value, low_budgets))
 
-    return {"tuning": tune_per_arm(_grids(config), score, mode="min", desc="salaad tuning")}
+    def ahead(points: list) -> None:
+        """With --seed-jobs N: the trainings first, then the curves, N at a time (each reads its training back)."""
+        scales = [(seed, arm == "salaad", float(value) if arm == "salaad" else 1.0) for arm, value, seed in points]
+        run_ahead(_train, [((dict(config), seed), {"coupled": coupled, "rho_scale": scale})
+                           for seed, coupled, scale in scales])
+        run_ahead(_stored_curve, [((dict(config), seed, arm, value, list(low_budgets), scale), {})
+                                  for (arm, value, seed), (_, _, scale) in zip(points, scales)])
+
+    return {"tuning": tune_per_arm(_grids(config), score, mode="min", desc="salaad tuning", ahead=ahead)}
 
 
 _SEEDS: dict[str, dict] = {}
