@@ -170,10 +170,11 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     A tuning grid is a list of independent trainings, but it is scored one after another, and a room that pins its
     trainings to one torch thread (kromhc, salaad) then leaves the other cores idle. With ``--seed-jobs N`` the
     runner keeps N worker processes per room (:func:`icml26.harness.runner.room_seed_workers`); this sends the
-    missing calls to them, round-robin, waits for all, and the caller's own calls then read the results back from
-    the store. Without workers, outside a store, or in a forced rerun (``read=False``: the caller would recompute
-    anyway) it does nothing and the caller computes each call when it comes to it, as before. ``fn`` must be
-    reachable as ``fn.__module__``.``fn.__name__`` (a module-level function), so a worker can import it."""
+    missing calls to them, each to the next free worker, waits for all, and the caller's own calls then read the
+    results back from the store. Without workers, outside a store, or in a forced rerun (``read=False``: the
+    caller would recompute anyway) it does nothing and the caller computes each call when it comes to it, as
+    before. ``fn`` must be reachable as ``fn.__module__``.``fn.__name__`` (a module-level function), so a worker
+    can import it."""
     from .runner import _ROOM_SEED_WORKERS  # late: the runner imports this module
 
     store, workers = _STORE.get(), _ROOM_SEED_WORKERS.get()
@@ -189,17 +190,25 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
             missing.append((tuple(args), dict(kwargs)))
     if not missing:
         return 0
+    from concurrent.futures import FIRST_COMPLETED, wait
+
     pool, threads = workers
-    futures = [pool[i % len(pool)].submit(_stored_call_in_worker, fn.__module__, fn.__name__, args, kwargs,
-                                          (str(store.directory), store.read), threads)
-               for i, (args, kwargs) in enumerate(missing)]
-    try:
-        for future in futures:
-            future.result()  # a failed call re-raises here
-    except BaseException:
-        for future in futures:
-            future.cancel()
-        raise
+    queue, running = list(missing), {}
+
+    def submit(worker) -> None:
+        args, kwargs = queue.pop(0)
+        running[worker.submit(_stored_call_in_worker, fn.__module__, fn.__name__, args, kwargs,
+                              (str(store.directory), store.read), threads)] = worker
+
+    for worker in pool[:len(queue)]:
+        submit(worker)
+    while running:  # each worker takes the next call when it is free (trainings of different arms differ in cost)
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for future in done:
+            worker = running.pop(future)
+            future.result()  # a failed call re-raises here; the running ones finish with the workers
+            if queue:
+                submit(worker)
     return len(missing)
 
 
