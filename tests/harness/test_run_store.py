@@ -56,6 +56,7 @@ def test_a_stored_run_is_read_back_exactly_instead_of_rerun(tmp_path):
         other = _training({"scale": 2.0}, 2, 1e-3)  # another seed is another run
     assert CALLS == [(1, 1e-3), (2, 1e-3)]
     assert _same(fresh, again) and again["loss"] == 2.0 * 1e-3 / 3 and math.isinf(again["diverged"])
+    assert list(again) == list(fresh) == ["curve", "n", "diverged", "spread", "loss"]  # the result's own order
     assert other["curve"] == [1.5, 2.1]
     files = sorted((tmp_path / "runs").glob("training-*.json"))
     assert len(files) == 2

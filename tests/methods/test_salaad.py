@@ -542,9 +542,9 @@ def test_tuning_gives_every_arm_the_same_number_of_settings(monkeypatch):
 
 
 def test_a_full_tier_resumes_from_the_run_store_without_retraining(tmp_path, monkeypatch):
-    """Each training is stored as a model + hook checkpoint and each arm's curve as JSON: a new process (the memos
-    cleared here) reads them back and gives the same statistics; with only the checkpoints left, the curves are
-    recomputed from the reloaded models, again exactly."""
+    """Each training is stored as a model + hook checkpoint, each arm's curve and the dense numbers as JSON: a new
+    process (the memos cleared here) reads them back and gives the same numbers; the JSON alone suffices (the
+    checkpoints deleted), and with only the checkpoints left the rest is recomputed from them, again exactly."""
     from icml26.harness.run_store import run_store
     from icml26.methods.salaad import experiments
 
@@ -556,21 +556,22 @@ def test_a_full_tier_resumes_from_the_run_store_without_retraining(tmp_path, mon
     with run_store(tmp_path / "runs"):
         fresh = experiments.run_seed(config, 0, prep)
     stored = sorted(p.name.split("-")[0] + p.suffix for p in (tmp_path / "runs").iterdir())
-    assert stored == ["stored_curve.json"] * 5 + ["train.pt"] * 2
+    assert stored == ["dense.json"] + ["stored_curve.json"] * 5 + ["train.pt"] * 2
 
     def retrain(*args, **kwargs):
         raise AssertionError("a stored training was run again")
 
     monkeypatch.setattr(experiments, "seed_everything", retrain)
-    for drop_curves in (False, True):
+    for drop in ("nothing", "results", "checkpoints"):  # the results come back from the checkpoints, then suffice
         experiments._TRAINED.clear()
         experiments._SEEDS.clear()
-        if drop_curves:
-            for path in (tmp_path / "runs").glob("stored_curve-*.json"):
+        if drop != "nothing":
+            for path in (tmp_path / "runs").glob("*.pt" if drop == "checkpoints" else "*.json"):
                 path.unlink()
         with run_store(tmp_path / "runs"):
             again = experiments.run_seed(config, 0, prep)
         assert again["statistics"] == fresh["statistics"] and again["arms"] == fresh["arms"]
+        assert again["curves"] == fresh["curves"]
 
 
 def test_seed_workers_train_the_tuning_grid_ahead_with_the_same_numbers(tmp_path, monkeypatch):

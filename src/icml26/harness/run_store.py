@@ -118,7 +118,9 @@ def stored_run(fn: Callable[..., Any] | None = None, *, save: Callable[[Any], An
     def write(path: Path, call: dict, result, written_by: dict) -> None:
         record = {"call": call, "result": result if as_json else save(result), "written_by": written_by}
         if as_json:
-            atomic_write_text(path, json.dumps(record, sort_keys=True) + "\n")
+            # Keys in the result's own order: a caller that sums a dict's values gets the same float from a stored
+            # result as from a fresh one (the call is compared as a dict, so its order does not matter).
+            atomic_write_text(path, json.dumps(record) + "\n")
         else:
             import io
 

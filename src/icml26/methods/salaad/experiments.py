@@ -288,14 +288,21 @@ def seed_curves(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any
     key = json.dumps([dict(config), seed, choices], sort_keys=True, default=str)
     if key in _SEEDS:
         return _SEEDS[key]
-    batches, budgets = _val_batches(config), config["budgets"]
-    curves = {arm: arm_curve(config, seed, arm, choices.get(arm), budgets) for arm in ARMS}
-    vanilla, _ = train(config, seed, coupled=False, rho_scale=1.0)
-    model, hook = train(config, seed, coupled=True, rho_scale=float(choices["salaad"]))
-    out = {"curves": curves, "dense": {"salaad": val_loss(model, batches), "vanilla": val_loss(vanilla, batches)},
-           "stats": hook.stats(), "n_dense": sum(p.numel() for p in model.parameters())}
+    curves = {arm: arm_curve(config, seed, arm, choices.get(arm), config["budgets"]) for arm in ARMS}
+    out = {"curves": curves, **_dense(dict(config), seed, float(choices["salaad"]))}
     _SEEDS[key] = out
     return out
+
+
+@stored_run
+def _dense(config: dict, seed: int, rho_scale: float) -> dict:
+    """The two dense models' validation losses, SALAAD's ADMM statistics and the dense parameter count, kept in the
+    run store beside the curves: once a seed's curves and these are stored, its model checkpoints are not needed."""
+    batches = _val_batches(config)
+    vanilla, _ = train(config, seed, coupled=False, rho_scale=1.0)
+    model, hook = train(config, seed, coupled=True, rho_scale=rho_scale)
+    return {"dense": {"salaad": val_loss(model, batches), "vanilla": val_loss(vanilla, batches)},
+            "stats": hook.stats(), "n_dense": sum(p.numel() for p in model.parameters())}
 
 
 @_one_thread
