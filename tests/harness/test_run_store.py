@@ -189,7 +189,12 @@ def test_seed_workers_train_the_tuning_grid_and_the_seeds_into_the_parent_store(
     from icml26.methods.kromhc import experiments
 
     built = []
-    monkeypatch.setattr(experiments, "build_model", lambda *a, **k: built.append(a) or _unreachable())
+
+    def build_model_here(*args, **kwargs):
+        built.append(args)
+        raise AssertionError("a training ran in the parent process")
+
+    monkeypatch.setattr(experiments, "build_model", build_model_here)
     (parallel,) = reproduce(["kromhc"], "smoke", tmp_path / "two", spec_ids=["tiny_lm_vs_mhc_lite"], n_seeds=2,
                             seed_jobs=2)
     assert built == []  # the workers import the room afresh: the patched builder is this process's only
@@ -201,7 +206,3 @@ def test_seed_workers_train_the_tuning_grid_and_the_seeds_into_the_parent_store(
     (serial,) = reproduce(["kromhc"], "smoke", tmp_path / "one", spec_ids=["tiny_lm_vs_mhc_lite"], n_seeds=2)
     assert [r["statistics"] for r in parallel["seed_results"]] == [r["statistics"] for r in serial["seed_results"]]
     assert parallel["prepared"] == serial["prepared"]
-
-
-def _unreachable():
-    raise AssertionError("a training ran in the parent process")

@@ -109,7 +109,7 @@ def stored_run(fn: Callable[..., Any] | None = None, *, save: Callable[[Any], An
             else:
                 import torch
                 record = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # noqa: BLE001 - a damaged file (any reader error) only costs the run it held
+        except Exception:  # noqa: BLE001 - a missing or damaged file (any reader error) only costs its run
             return None
         if isinstance(record, dict) and record.get("call") == call and "result" in record:
             return record
@@ -139,8 +139,7 @@ def stored_run(fn: Callable[..., Any] | None = None, *, save: Callable[[Any], An
         store = _STORE.get()
         if store is None:
             return False
-        path, call = located(store, args, kwargs)
-        return path.exists() and read(path, call) is not None
+        return read(*located(store, args, kwargs)) is not None
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -148,10 +147,9 @@ def stored_run(fn: Callable[..., Any] | None = None, *, save: Callable[[Any], An
         if store is None:
             return normalised(fn(*args, **kwargs), args, kwargs)
         path, call = located(store, args, kwargs)
-        if store.read and path.exists():
-            record = read(path, call)
-            if record is not None:
-                return record["result"] if as_json else load(record["result"], *args, **kwargs)
+        record = read(path, call) if store.read else None  # None also for a missing or damaged file
+        if record is not None:
+            return record["result"] if as_json else load(record["result"], *args, **kwargs)
         result = fn(*args, **kwargs)
         from .runner import code_version, cpu_model  # late: the runner imports this module
 

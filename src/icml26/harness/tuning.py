@@ -193,9 +193,12 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
         table: dict = {}
 
         def evaluate(value) -> None:
-            run_ahead([(arm, value, s) for s in seeds])
             runs = [scored(arm, value, s) for s in seeds]
             table[value] = sum(runs) / len(runs) if all(math.isfinite(r) for r in runs) else math.inf * sign
+
+        def extend(value) -> None:  # a point past the initial grid (run ahead above): its seeds at once
+            run_ahead([(arm, value, s) for s in seeds])
+            evaluate(value)
 
         for value in progress(grid.points(), desc=f"{desc} [{arm}]"):
             evaluate(value)
@@ -209,7 +212,7 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
                     nxt = grid.beyond(ordered[0] if grid.unscored_toward < 0 else ordered[-1], grid.unscored_toward)
                     if nxt is None:
                         break
-                    evaluate(nxt)
+                    extend(nxt)
                     best = min(table, key=lambda v: key(table[v]))
                     continue
                 if len(ordered) < 2 or ordered[0] < best < ordered[-1]:
@@ -217,7 +220,7 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
                 nxt = grid.beyond(best, -1 if best == ordered[0] else 1)
                 if nxt is None:  # a hard limit: the choice is as far as the arm can go
                     break
-                evaluate(nxt)
+                extend(nxt)
                 best = min(table, key=lambda v: key(table[v]))
             ordered = sorted(table)
             at_edge = len(ordered) >= 2 and best in (ordered[0], ordered[-1])

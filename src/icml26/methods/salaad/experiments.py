@@ -233,11 +233,15 @@ def _stored_curve(config: dict, seed: int, arm: str, setting: Any, budgets: list
     return [[f, record] for f, record in curve.items()]
 
 
+def _curve_args(config: Mapping[str, Any], seed: int, arm: str, setting: Any, budgets: list[float]) -> tuple:
+    """The arguments of :func:`_stored_curve` for one arm's curve (SALAAD's ``setting`` is its rho scale; every
+    other arm compresses the vanilla run), so that ``arm_curve`` and the tuning's run-ahead name the same call."""
+    return dict(config), seed, arm, setting, list(budgets), float(setting) if arm == "salaad" else 1.0
+
+
 def arm_curve(config: Mapping[str, Any], seed: int, arm: str, setting: Any, budgets: list[float]) -> dict:
-    """{budget: record} of one arm after compression and recovery (see :func:`compress_curve`); SALAAD's
-    ``setting`` is its rho scale."""
-    rho_scale = float(setting) if arm == "salaad" else 1.0
-    return {f: record for f, record in _stored_curve(dict(config), seed, arm, setting, list(budgets), rho_scale)}
+    """{budget: record} of one arm after compression and recovery (see :func:`compress_curve`)."""
+    return {f: record for f, record in _stored_curve(*_curve_args(config, seed, arm, setting, budgets))}
 
 
 def _low(curve: Mapping[float, Mapping[str, float]], key: str = "loss") -> float:
@@ -268,11 +272,10 @@ def tune(config: Mapping[str, Any]) -> dict:
 
     def ahead(points: list) -> None:
         """With --seed-jobs N: the trainings first, then the curves, N at a time (each reads its training back)."""
-        scales = [(seed, arm == "salaad", float(value) if arm == "salaad" else 1.0) for arm, value, seed in points]
-        run_ahead(_train, [((dict(config), seed), {"coupled": coupled, "rho_scale": scale})
-                           for seed, coupled, scale in scales])
-        run_ahead(_stored_curve, [((dict(config), seed, arm, value, list(low_budgets), scale), {})
-                                  for (arm, value, seed), (_, _, scale) in zip(points, scales)])
+        curves = [_curve_args(config, seed, arm, value, low_budgets) for arm, value, seed in points]
+        run_ahead(_train, [((cfg, seed), {"coupled": arm == "salaad", "rho_scale": scale})
+                           for cfg, seed, arm, _, _, scale in curves])
+        run_ahead(_stored_curve, [(args, {}) for args in curves])
 
     return {"tuning": tune_per_arm(_grids(config), score, mode="min", desc="salaad tuning", ahead=ahead)}
 
