@@ -345,6 +345,24 @@ def test_seed_jobs_run_seeds_in_worker_processes_with_the_same_results_and_metri
         reproduce(["scalora"], "smoke", tmp_path / "x", spec_ids=spec_ids, seed_jobs=0)
 
 
+def test_ahead_gets_only_the_seeds_still_to_run_and_only_with_seed_workers(tmp_path):
+    """A spec's ``ahead`` hook runs before its seeds with the room's workers open (where ``run_ahead`` finds them),
+    for the seeds a resumed run still lacks; with ``seed_jobs=1`` it is never called (each seed trains its own)."""
+    from icml26.harness.runner import _ROOM_SEED_WORKERS
+
+    calls, seen = [], []
+
+    def ahead(config, seeds, prepared):
+        seen.append((list(seeds), _ROOM_SEED_WORKERS.get() is not None))
+
+    run_spec(_spec(_toy_run(calls), ahead=ahead), "quick", tmp_path, n_seeds=2)
+    assert seen == [] and calls == [0, 1]
+    # the same spec with a third seed resumes: only seed 2 is left (and one seed runs here, so the toy room, which
+    # registers no specs for a worker to find, is enough)
+    result = run_spec(_spec(_toy_run(calls), ahead=ahead), "quick", tmp_path, n_seeds=3, seed_jobs=2)
+    assert seen == [([2], True)] and calls == [0, 1, 2] and result["status"] == "complete"
+
+
 def test_a_rooms_specs_share_their_seed_workers(tmp_path):
     """lockin's three claims read the same trainings (memoised per seed in the process that ran them). With
     ``seed_jobs=2`` each seed goes to the same worker for every spec, so the second and third specs train

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from icml26.core.logging import read_jsonl
 from icml26.core.testing import assert_close
 from icml26.methods.salaad import (SALAAD, BlockConfig, ControllerConfig, RhoConfig, SALAADConfig, ThresholdController,
                                    block_cost, count_parameters, energy_rank, ialm_rpca, magnitude_prune,
@@ -508,11 +509,10 @@ def test_recovery_keeps_rank_support_and_count_and_lowers_training_loss(kind):
         if b["cost"] < m * n:
             par = [v for k, v in kept.items() if k.startswith(name.rsplit(".", 1)[0] + ".parametrizations")]
             assert par and par[0]["rank"] == b["rank"] and par[0]["nnz"] == b["nnz"]
-            w = dict(tuned.named_parameters())  # the deployed weight keeps rank <= b["rank"] off the support
+            # the deployed weight keeps rank <= b["rank"] off the support
             module = tuned.get_submodule(name.rsplit(".", 1)[0])
             mask = module.parametrizations.weight[0].mask
             assert torch.linalg.matrix_rank(module.weight.detach() * (1 - mask)) <= b["rank"] or b["nnz"] > 0
-            del w
 
 
 @pytest.mark.parametrize("index", [0, 1])
@@ -574,10 +574,12 @@ def test_a_full_tier_resumes_from_the_run_store_without_retraining(tmp_path, mon
         assert again["curves"] == fresh["curves"]
 
 
-def test_seed_workers_train_the_tuning_grid_ahead_with_the_same_numbers(tmp_path, monkeypatch):
+def test_seed_workers_train_the_tuning_grid_and_the_seeds_ahead_with_the_same_numbers(tmp_path, monkeypatch):
     """``--seed-jobs 2``: the tuning's trainings and curves are computed ahead in the room's workers (``ahead`` in
-    ``tune`` must name exactly the calls ``score`` makes, or this process would train them again) and the result
-    equals a run in one process."""
+    ``tune`` must name exactly the calls ``score`` makes, or this process would train them again), then the three
+    seeds' trainings one at a time (the spec's ``ahead`` hook; handed out as whole seeds, seeds 0 and 2 would both
+    go to worker 0). What those trainings log reaches SPEC.metrics.jsonl, and the result equals a run in one
+    process."""
     from icml26.harness.runner import reproduce
     from icml26.methods.salaad import experiments
 
@@ -586,8 +588,12 @@ def test_seed_workers_train_the_tuning_grid_ahead_with_the_same_numbers(tmp_path
 
     monkeypatch.setattr(experiments, "seed_everything", trained_here)
     monkeypatch.setattr(experiments, "compress_curve", trained_here)
-    (parallel,) = reproduce(["salaad"], "smoke", tmp_path / "two", spec_ids=["budget_curve"], n_seeds=2, seed_jobs=2)
+    (parallel,) = reproduce(["salaad"], "smoke", tmp_path / "two", spec_ids=["budget_curve"], n_seeds=3, seed_jobs=2)
     monkeypatch.undo()
-    (serial,) = reproduce(["salaad"], "smoke", tmp_path / "one", spec_ids=["budget_curve"], n_seeds=2)
+    records = read_jsonl(tmp_path / "two" / "salaad" / "budget_curve.metrics.jsonl")
+    ahead = {(r["seed"], r["arm"]) for r in records if r.get("phase") == "ahead"}
+    assert {seed for seed, _ in ahead} == {0, 1, 2} and len(ahead) == 6  # both trainings of every seed
+    assert not list((tmp_path / "two" / "salaad").glob("*.part"))
+    (serial,) = reproduce(["salaad"], "smoke", tmp_path / "one", spec_ids=["budget_curve"], n_seeds=3)
     assert parallel["prepared"] == serial["prepared"]
     assert [r["statistics"] for r in parallel["seed_results"]] == [r["statistics"] for r in serial["seed_results"]]

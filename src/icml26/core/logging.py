@@ -72,6 +72,11 @@ def metric_log(path: str | os.PathLike) -> Iterator[JsonlLogger]:
             _ACTIVE.reset(token)
 
 
+def current_metric_log() -> JsonlLogger | None:
+    """The active :func:`metric_log`'s logger (None outside one), e.g. to collect what a worker process logged."""
+    return _ACTIVE.get()
+
+
 def log_metrics(step: int, **metrics: Any) -> None:
     """Log to the active :func:`metric_log`, if any; training loops call this unconditionally."""
     logger = _ACTIVE.get()

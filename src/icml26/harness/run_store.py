@@ -28,18 +28,19 @@ object whether it was trained now or read back.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import json
 import os
-from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..core.io import atomic_write_bytes, atomic_write_text
+from ..core.logging import current_metric_log, metric_log, read_jsonl
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class _Store:
 _STORE: ContextVar[_Store | None] = ContextVar("icml26_run_store", default=None)
 
 
-@contextmanager
+@contextlib.contextmanager
 def run_store(directory: str | os.PathLike, *, read: bool = True) -> Iterator[Path]:
     """Within this block every :func:`stored_run` call reuses (``read=True``) and records its result in
     ``directory``. ``read=False`` (a forced rerun) recomputes every call and overwrites what was stored."""
@@ -168,7 +169,8 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     several at once in the room's worker processes, before the caller needs them; returns how many ran.
 
     A tuning grid is a list of independent trainings, but it is scored one after another, and a room that pins its
-    trainings to one torch thread (kromhc, salaad) then leaves the other cores idle. With ``--seed-jobs N`` the
+    trainings to one torch thread (kromhc, salaad) then leaves the other cores idle. The same holds for a spec's
+    seeds, which the runner hands to workers whole (``ExperimentSpec.ahead`` sends their trainings here instead). With ``--seed-jobs N`` the
     runner keeps N worker processes per room (:func:`icml26.harness.runner.room_seed_workers`); this sends the
     missing calls to them, each to the next free worker, waits for all, and the caller's own calls then read the
     results back from the store. Without workers, outside a store, or in a forced rerun (``read=False``: the
@@ -193,32 +195,50 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     from concurrent.futures import FIRST_COMPLETED, wait
 
     pool, threads = workers
-    queue, running = list(missing), {}
+    logger = current_metric_log()
+    queue, running = list(enumerate(missing)), {}
+    # What a call logs (log_metrics) goes to its own part file beside the active metrics log, appended to that log
+    # when the call is done: two trainings' lines never interleave, and an unfinished call's lines are dropped.
+    parts = ({i: logger.path.with_name(f"{logger.path.name}.ahead{i}.part") for i in range(len(missing))}
+             if logger else {})
 
     def submit(worker) -> None:
-        args, kwargs = queue.pop(0)
+        i, (args, kwargs) = queue.pop(0)
+        log = (str(parts[i]), dict(logger.tags)) if logger else None
         running[worker.submit(_stored_call_in_worker, fn.__module__, fn.__name__, args, kwargs,
-                              (str(store.directory), store.read), threads)] = worker
+                              (str(store.directory), store.read), threads, log)] = (worker, i)
 
-    for worker in pool[:len(queue)]:
-        submit(worker)
-    while running:  # each worker takes the next call when it is free (trainings of different arms differ in cost)
-        done, _ = wait(running, return_when=FIRST_COMPLETED)
-        for future in done:
-            worker = running.pop(future)
-            future.result()  # a failed call re-raises here; the running ones finish with the workers
-            if queue:
-                submit(worker)
+    try:
+        for worker in pool[:len(queue)]:
+            submit(worker)
+        while running:  # each worker takes the next call when it is free (trainings differ in cost)
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                worker, i = running.pop(future)
+                future.result()  # a failed call re-raises here; the running ones finish with the workers
+                if i in parts and parts[i].exists():
+                    for record in read_jsonl(parts[i]):
+                        logger.write_record(record)
+                    parts[i].unlink()
+                if queue:
+                    submit(worker)
+    finally:
+        for part in parts.values():
+            part.unlink(missing_ok=True)
     return len(missing)
 
 
 def _stored_call_in_worker(module: str, name: str, args: tuple, kwargs: dict, store: tuple[str, bool],
-                           threads: int) -> None:
-    """Worker-process entry of :func:`run_ahead`: one call, its result written to the parent's store."""
+                           threads: int, log: tuple[str, dict] | None = None) -> None:
+    """Worker-process entry of :func:`run_ahead`: one call, its result written to the parent's store and what it
+    logs to ``log`` (a part file and the parent logger's tags)."""
     import importlib
 
     import torch
 
     torch.set_num_threads(threads)
-    with run_store(store[0], read=store[1]):
+    with run_store(store[0], read=store[1]), \
+            (metric_log(log[0]) if log else contextlib.nullcontext()) as logger:
+        if logger is not None:
+            logger.tags = log[1]
         getattr(importlib.import_module(module), name)(*args, **kwargs)

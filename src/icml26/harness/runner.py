@@ -239,10 +239,11 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
     or precisions never mix seeds. ``seed_jobs`` > 1 runs that many of the remaining seeds at once in worker
     processes with ``cpu_count // seed_jobs`` torch threads each, after the prepare phase (which stays in this
     process); seed ``s`` goes to worker ``s % seed_jobs``, and inside :func:`room_seed_workers` (which
-    ``reproduce`` opens per room) a room's specs share those workers. A seed's result is a function of its seed,
-    so this does not change the numbers, only the wall time (and ``peak_rss_bytes``, which then covers this
-    process only). The workers find the spec again by room and id, so it must be one a room registers
-    (``specs_for``)."""
+    ``reproduce`` opens per room) a room's specs share those workers. A spec with an ``ahead`` hook first hands
+    its seeds' trainings to the workers one training at a time (``ExperimentSpec.ahead``). A seed's result is a
+    function of its seed, so this does not change the numbers, only the wall time (and ``peak_rss_bytes``, which
+    then covers this process only). The workers find the spec again by room and id, so it must be one a room
+    registers (``specs_for``)."""
     if not isinstance(seed_jobs, int) or seed_jobs < 1:
         raise ValueError(f"seed_jobs must be a positive integer, got {seed_jobs!r}")
     if precision is not None and precision not in PRECISIONS:
@@ -318,6 +319,14 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                 write("running")
                 tuning_path.unlink(missing_ok=True)
             todo = [s for s in seeds if s not in done]
+            if seed_jobs > 1 and spec.ahead is not None and todo:
+                logger.tags = {"phase": "ahead"}
+                with _seed_workers(seed_jobs) as workers:
+                    token = _ROOM_SEED_WORKERS.set(workers)  # where run_ahead finds them
+                    try:
+                        spec.ahead(config, todo, prepared)
+                    finally:
+                        _ROOM_SEED_WORKERS.reset(token)
             if seed_jobs > 1 and len(todo) > 1:
                 finished = _run_seeds_in_workers(spec, config, todo, prepared, seed_jobs, device, precision, logger)
             else:

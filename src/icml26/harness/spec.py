@@ -115,6 +115,11 @@ class ExperimentSpec:
             check (every tuned arm's choice is inside its grid).
         null_value: the statistic's value when the method arm is switched back to the baseline (0 for a gain,
             1 for a ratio). The comparator must reject it; ``tests/claims`` checks that for every spec.
+        ahead: optional ``ahead(config, seeds, prepared)`` for specs whose seeds are a few long trainings: with
+            ``seed_jobs`` > 1 the runner calls it before the seeds run, and it hands those seeds' trainings to the
+            room's workers with :func:`icml26.harness.run_store.run_ahead` (each to the next free worker), so that
+            three seeds on two workers do not leave one idle while the other trains its second seed. The seeds
+            then read their trainings back from the run store; the numbers do not change.
     """
 
     id: str
@@ -133,6 +138,7 @@ class ExperimentSpec:
     notes: str = ""
     checks: tuple[MechanismCheck, ...] = ()
     null_value: float | None = None
+    ahead: Callable[[Mapping[str, Any], list[int], Any], None] | None = None
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tiers if t not in TIERS]

@@ -271,13 +271,25 @@ def tune(config: Mapping[str, Any]) -> dict:
         return _low(arm_curve(config, seed, arm, value, low_budgets))
 
     def ahead(points: list) -> None:
-        """With --seed-jobs N: the trainings first, then the curves, N at a time (each reads its training back)."""
-        curves = [_curve_args(config, seed, arm, value, low_budgets) for arm, value, seed in points]
-        run_ahead(_train, [((cfg, seed), {"coupled": arm == "salaad", "rho_scale": scale})
-                           for cfg, seed, arm, _, _, scale in curves])
-        run_ahead(_stored_curve, [(args, {}) for args in curves])
+        _curves_ahead([_curve_args(config, seed, arm, value, low_budgets) for arm, value, seed in points])
 
     return {"tuning": tune_per_arm(_grids(config), score, mode="min", desc="salaad tuning", ahead=ahead)}
+
+
+def _curves_ahead(curves: list[tuple]) -> None:
+    """With --seed-jobs N: the trainings of these :func:`_stored_curve` calls first, then the curves, N at a time
+    in the room's workers (each curve reads its training back from the run store); without workers, nothing."""
+    run_ahead(_train, [((cfg, seed), {"coupled": arm == "salaad", "rho_scale": scale})
+                       for cfg, seed, arm, _, _, scale in curves])
+    run_ahead(_stored_curve, [(args, {}) for args in curves])
+
+
+def seeds_ahead(config: Mapping[str, Any], seeds: list[int], prepared: Mapping[str, Any]) -> None:
+    """The spec's ``ahead`` hook: every arm's curve of these seeds (and so both trainings of each seed), one
+    training or curve per free worker, before the seeds are assembled (see ``ExperimentSpec.ahead``)."""
+    choices = prepared["tuning"]["chosen"]
+    _curves_ahead([_curve_args(config, seed, arm, choices.get(arm), config["budgets"])
+                   for seed in seeds for arm in ARMS])
 
 
 _SEEDS: dict[str, dict] = {}
@@ -416,6 +428,7 @@ SPECS = [
                "statistic on budgets <= 30%",
         arms=ARMS, baseline="svd", comparator=COMPARATOR, run=run_seed, prepare=tune, plot=plot_budget_curves,
         tiers=TIERS, seeds={"smoke": 1, "quick": 3, "full": 3}, checks=CHECKS, null_value=0.0, notes=_NOTES,
+        ahead=seeds_ahead,
     ),
     ExperimentSpec(
         id="high_budget", room="salaad", claim=CLAIM + " (at the large budgets of the range, >= 50%)",
@@ -424,5 +437,6 @@ SPECS = [
                "(same runs as budget_curve)",
         arms=ARMS, baseline="svd", comparator=HIGH_COMPARATOR, run=run_seed, prepare=tune, plot=plot_budget_curves,
         tiers=TIERS, seeds={"smoke": 1, "quick": 3, "full": 3}, checks=CHECKS, null_value=0.0, notes=_NOTES,
+        ahead=seeds_ahead,
     ),
 ]
