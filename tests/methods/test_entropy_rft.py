@@ -280,7 +280,27 @@ def test_clipb_null_arm_switched_back_to_grpo_fails_the_comparator(index):
     out = spec.run(config, 0, _fixed_tuning(config), method_as="grpo")
     value = out["statistics"][spec.comparator.statistic]
     assert value == 0.0 and not spec.comparator.holds(value) and not spec.comparator.holds(spec.null_value)
-    assert out["checks"]["clip_fraction"] == 0.0          # GRPO clips nothing: the mechanism check flags it
+    assert all(v == 0.0 for v in out["checks"].values())  # GRPO clips nothing: the mechanism check flags it
+    assert {c.name for c in spec.checks} <= set(out["checks"])
+
+
+def test_clipb_entropy_switches_clipping_on_at_grpos_exact_settings():
+    """Protocol v5: the entropy claim's Clip_B arm trains at GRPO's tuned lr x factor (the very rate GRPO trained
+    with) and mu 1, and clips; its gain is judged, the tuned arms' entropy gap only reported."""
+    from icml26.methods.entropy_rft.experiments import MATCHED, SPECS, train_arm
+
+    spec = SPECS[2]
+    config = {**spec.tiers["smoke"], "warmup_steps": 40}
+    tuning = _fixed_tuning(config)
+    tuning["tuning"]["options"]["chosen"]["grpo"] = 0.6
+    out = spec.run(config, 0, tuning)
+    rate = 3e-3 * 0.6
+    assert out["arms"][MATCHED]["lr"] == rate and out["arms"][MATCHED]["mu"] == config["mu"]
+    direct = train_arm("grpo_clipb", config, 0, rate, config["mu"])
+    assert out["arms"][MATCHED]["entropy"] == direct["final"]["entropy"]
+    assert out["statistics"]["entropy_gain_at_grpo_settings"] == (out["arms"][MATCHED]["entropy"]
+                                                                  - out["arms"]["grpo"]["entropy"])
+    assert out["checks"]["clip_fraction_at_grpo_settings"] == direct["frac_clipped"] > 0
 
 
 def test_clipb_acts_in_the_habit_setting():

@@ -333,10 +333,16 @@ def tune_arms(config: Mapping[str, Any]) -> dict:
     return {"tuning": {"lr": lr, "options": options}}
 
 
-def run_arms(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any], method_as: str = "grpo_clipb"
-             ) -> dict:
-    """Every arm at its tuned (lr, option) on one reported seed. ``method_as="grpo"`` is the null arm: the Clip_B
-    slot runs plain GRPO with GRPO's tuned settings."""
+MATCHED = "grpo_clipb_at_grpo_settings"
+"""Protocol v5's entropy arm: Clip_B (mu = the config's ``mu``) switched on inside GRPO's own tuned run, same
+effective learning rate, so that the entropy difference is clipping's and not the two arms' tuned rates'."""
+
+
+def run_arms(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any], method_as: str = "grpo_clipb",
+             matched: bool = False) -> dict:
+    """Every arm at its tuned (lr, option) on one reported seed; with ``matched`` also ``MATCHED`` (Clip_B at
+    GRPO's tuned lr x factor) and its statistic ``entropy_gain_at_grpo_settings``. ``method_as="grpo"`` is the
+    null arm: the Clip_B slots run plain GRPO with GRPO's tuned settings."""
     torch.set_num_threads(1)
     tuning = prepared["tuning"]
     k = config["claim_k"]
@@ -347,14 +353,24 @@ def run_arms(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any], 
         runs[arm] = _train_cached(source, config, seed, lr, option)
         arms[arm] = {**runs[arm]["final"], "frac_clipped": runs[arm]["frac_clipped"], "lr": lr,
                      OPTION_NAME[source]: option}
-    curves = {arm: [[s, ev["entropy"]] for s, ev in run["curve"]] for arm, run in runs.items()}
     c, g = arms["grpo_clipb"], arms["grpo"]
     stats = {f"pass_at_{k}_gain": c[f"pass_at_{k}"] - g[f"pass_at_{k}"],
              "entropy_gain": c["entropy"] - g["entropy"],
              "avg_at_1_gap": c["avg_at_1"] - g["avg_at_1"],
              "bonus_pass_gain": arms["grpo_entropy_bonus"][f"pass_at_{k}"] - g[f"pass_at_{k}"]}
-    return {"arms": arms, "statistics": stats, "curves": curves,
-            "checks": {"clip_fraction": arms["grpo_clipb"]["frac_clipped"]}}
+    checks = {"clip_fraction": arms["grpo_clipb"]["frac_clipped"]}
+    if matched:
+        # GRPO's effective rate is lr x factor (train_arm multiplies the same two floats, so this is its exact rate)
+        rate = tuning["lr"]["chosen"]["grpo"] * tuning["options"]["chosen"]["grpo"]
+        runs[MATCHED] = (runs["grpo"] if method_as == "grpo"
+                         else _train_cached("grpo_clipb", config, seed, rate, config["mu"]))
+        arms[MATCHED] = {**runs[MATCHED]["final"], "frac_clipped": runs[MATCHED]["frac_clipped"], "lr": rate,
+                         "mu": config["mu"] if method_as != "grpo" else None}
+        stats["entropy_gain_at_grpo_settings"] = arms[MATCHED]["entropy"] - g["entropy"]
+        stats[f"pass_at_{k}_gain_at_grpo_settings"] = arms[MATCHED][f"pass_at_{k}"] - g[f"pass_at_{k}"]
+        checks["clip_fraction_at_grpo_settings"] = arms[MATCHED]["frac_clipped"]
+    curves = {arm: [[s, ev["entropy"]] for s, ev in run["curve"]] for arm, run in runs.items()}
+    return {"arms": arms, "statistics": stats, "curves": curves, "checks": checks}
 
 
 def plot_entropy(result: dict, ax) -> None:
@@ -375,9 +391,14 @@ PASSK_COMPARATOR = Comparator(
     f"Pass@{CLAIM_K}(GRPO + Clip_B) - Pass@{CLAIM_K}(GRPO) > 0 after the same updates, each arm at its own tuned "
     f"settings; avg_at_1_gap is reported next to it")
 ENTROPY_COMPARATOR = Comparator(
-    "entropy_gain", ">", 0.0, "final mean token entropy of GRPO + Clip_B minus GRPO's > 0")
+    "entropy_gain_at_grpo_settings", ">", 0.0,
+    "final mean token entropy of GRPO + Clip_B minus GRPO's, Clip_B switched on inside GRPO's tuned run (same "
+    "effective lr, mu = 1) > 0")
 CLIP_CHECK = MechanismCheck("clip_fraction", ">=", 0.01,
                             "Clip_B dropped at least 1% of the valid tokens (mean over updates) on every seed")
+MATCHED_CLIP_CHECK = MechanismCheck(
+    "clip_fraction_at_grpo_settings", ">=", 0.01,
+    "Clip_B at GRPO's settings dropped at least 1% of the valid tokens (mean over updates) on every seed")
 
 # Pilots (plain GRPO only, before any arm comparison) showed TinyLM learns nothing in budget when the prompt also
 # carries given digits (m = 1 or 2: Avg@1 stays at the 10% chance level), so the claims use m = 0: 10 prompts,
@@ -438,9 +459,12 @@ SPECS = [
         id="clipb_entropy", room="entropy_rft",
         claim="Clip_B keeps the policy entropy higher than GRPO",
         paper_ref="arXiv 2602.03392, Sec. 5 (entropy curves)",
-        metric="paired per seed: final mean token entropy of GRPO + Clip_B minus GRPO (same runs as clipb_passk)",
-        arms=ARMS, baseline="grpo", comparator=ENTROPY_COMPARATOR, run=run_arms, prepare=tune_arms,
-        plot=plot_entropy, tiers=_ARM_TIERS, seeds={"smoke": 1, "quick": 10, "full": 10}, checks=(CLIP_CHECK,),
-        null_value=0.0, notes=_CLIPB_NOTES,
+        metric="paired per seed: final mean token entropy of GRPO + Clip_B minus GRPO, Clip_B switched on at GRPO's "
+               "tuned settings (protocol v5; the tuned arms are clipb_passk's runs, their entropy gap reported)",
+        arms=(*ARMS, MATCHED), baseline="grpo", comparator=ENTROPY_COMPARATOR,
+        run=lambda config, seed, prepared, method_as="grpo_clipb": run_arms(config, seed, prepared, method_as,
+                                                                             matched=True),
+        prepare=tune_arms, plot=plot_entropy, tiers=_ARM_TIERS, seeds={"smoke": 1, "quick": 10, "full": 10},
+        checks=(MATCHED_CLIP_CHECK,), null_value=0.0, notes=_CLIPB_NOTES,
     ),
 ]
