@@ -170,13 +170,13 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
 
     A tuning grid is a list of independent trainings, but it is scored one after another, and a room that pins its
     trainings to one torch thread (kromhc, salaad) then leaves the other cores idle. The same holds for a spec's
-    seeds, which the runner hands to workers whole (``ExperimentSpec.ahead`` sends their trainings here instead). With ``--seed-jobs N`` the
-    runner keeps N worker processes per room (:func:`icml26.harness.runner.room_seed_workers`); this sends the
-    missing calls to them, each to the next free worker, waits for all, and the caller's own calls then read the
-    results back from the store. Without workers, outside a store, or in a forced rerun (``read=False``: the
-    caller would recompute anyway) it does nothing and the caller computes each call when it comes to it, as
-    before. ``fn`` must be reachable as ``fn.__module__``.``fn.__name__`` (a module-level function), so a worker
-    can import it."""
+    seeds, which the runner hands to workers whole (``ExperimentSpec.ahead`` sends their trainings here instead).
+    With ``--seed-jobs N`` the runner keeps N worker processes per room
+    (:func:`icml26.harness.runner.room_seed_workers`); this sends the missing calls to them, each to the next free
+    worker, waits for all, and the caller's own calls then read the results back from the store. Without workers,
+    outside a store, or in a forced rerun (``read=False``: the caller would recompute anyway) it does nothing and
+    the caller computes each call when it comes to it, as before. ``fn`` must be reachable as
+    ``fn.__module__``.``fn.__name__`` (a module-level function), so a worker can import it."""
     from .runner import _ROOM_SEED_WORKERS  # late: the runner imports this module
 
     store, workers = _STORE.get(), _ROOM_SEED_WORKERS.get()
