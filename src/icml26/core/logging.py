@@ -35,6 +35,15 @@ class JsonlLogger:
         self._handle.write(json.dumps(_jsonable(record)) + "\n")
         self._handle.flush()
 
+    def absorb(self, part: str | os.PathLike) -> None:
+        """Append every whole record of ``part`` (a worker process's own log, if it wrote one), then delete it, so
+        one finished task's lines arrive together and never interleave with another's."""
+        part = Path(part)
+        if part.exists():
+            for record in read_jsonl(part):
+                self.write_record(record)
+            part.unlink()
+
     def close(self) -> None:
         if not self._handle.closed:
             self._handle.close()

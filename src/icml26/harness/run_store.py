@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..core.io import atomic_write_bytes, atomic_write_text
-from ..core.logging import current_metric_log, metric_log, read_jsonl
+from ..core.logging import current_metric_log, metric_log
 
 
 @dataclass(frozen=True)
@@ -216,10 +216,8 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
             for future in done:
                 worker, i = running.pop(future)
                 future.result()  # a failed call re-raises here; the running ones finish with the workers
-                if i in parts and parts[i].exists():
-                    for record in read_jsonl(parts[i]):
-                        logger.write_record(record)
-                    parts[i].unlink()
+                if i in parts:
+                    logger.absorb(parts[i])
                 if queue:
                     submit(worker)
     finally:

@@ -383,10 +383,7 @@ def _run_seeds_in_workers(spec: ExperimentSpec, config: dict, seeds: list[int], 
                 for future in finished:
                     seed = pending.pop(future)
                     res = future.result()  # a failed seed re-raises here; the others are cancelled
-                    if parts[seed].exists():
-                        for record in read_jsonl(parts[seed]):
-                            logger.write_record(record)
-                        parts[seed].unlink()
+                    logger.absorb(parts[seed])
                     yield res
     finally:
         for part in parts.values():  # what an unfinished seed logged is dropped with it
