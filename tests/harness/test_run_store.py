@@ -206,3 +206,45 @@ def test_seed_workers_train_the_tuning_grid_and_the_seeds_into_the_parent_store(
     (serial,) = reproduce(["kromhc"], "smoke", tmp_path / "one", spec_ids=["tiny_lm_vs_mhc_lite"], n_seeds=2)
     assert [r["statistics"] for r in parallel["seed_results"]] == [r["statistics"] for r in serial["seed_results"]]
     assert parallel["prepared"] == serial["prepared"]
+
+
+_PROBE = '''
+import torch
+
+from icml26.harness.run_store import stored_run
+
+
+@stored_run
+def where(tag: str) -> dict:
+    """Where a call computes: the device of a new tensor and the dtype of a matmul."""
+    x = torch.ones(3, 5)
+    return {"device": str(x.device), "matmul_dtype": str((x @ x.T).dtype)}
+'''
+
+
+def test_run_ahead_workers_compute_under_the_runs_device_and_precision(tmp_path, monkeypatch):
+    """A run placed with ``--device`` / ``--precision`` trains its tuning grid (and salaad's seeds) in the room's
+    workers through ``run_ahead``: they must compute there too, not on the CPU in fp32 into the placed store. The
+    probe, a stored run in a module the spawned workers import, reports a new tensor's device (torch's default
+    device "meta" here) and a matmul's dtype (bf16 under CPU autocast)."""
+    import importlib
+
+    import torch
+
+    from icml26.harness.run_store import run_ahead
+    from icml26.harness.runner import _autocast, _default_device, room_seed_workers
+
+    (tmp_path / "placement_probe.py").write_text(_PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))  # a spawned worker gets this process's sys.path
+    probe = importlib.import_module("placement_probe")
+    with room_seed_workers(2), run_store(tmp_path / "runs"):
+        with _default_device("meta"):
+            assert run_ahead(probe.where, [(("meta",), {})]) == 1
+        with _autocast("bf16", None):
+            assert run_ahead(probe.where, [(("bf16",), {})]) == 1
+        assert run_ahead(probe.where, [(("plain",), {})]) == 1
+        ran = {tag: probe.where(tag) for tag in ("meta", "bf16", "plain")}  # read back from the store
+    assert ran["meta"] == {"device": "meta", "matmul_dtype": "torch.float32"}
+    assert ran["bf16"] == {"device": "cpu", "matmul_dtype": "torch.bfloat16"}
+    assert ran["plain"] == {"device": "cpu", "matmul_dtype": "torch.float32"}
+    assert torch.get_default_device().type == "cpu" and not torch.is_autocast_enabled("cpu")

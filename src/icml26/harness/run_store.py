@@ -175,7 +175,9 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     (:func:`icml26.harness.runner.room_seed_workers`); this sends the missing calls to them, each to the next free
     worker, waits for all, and the caller's own calls then read the results back from the store. Without workers,
     outside a store, or in a forced rerun (``read=False``: the caller would recompute anyway) it does nothing and
-    the caller computes each call when it comes to it, as before. ``fn`` must be reachable as
+    the caller computes each call when it comes to it, as before. The workers compute under this process's
+    default device and autocast (the run's ``--device`` and ``--precision``), as the caller's own call would.
+    ``fn`` must be reachable as
     ``fn.__module__``.``fn.__name__`` (a module-level function), so a worker can import it."""
     from .runner import _ROOM_SEED_WORKERS  # late: the runner imports this module
 
@@ -195,6 +197,7 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     from concurrent.futures import FIRST_COMPLETED, wait
 
     pool, threads = workers
+    placement = _placement()  # the run's --device / --precision, which the workers must compute under too
     logger = current_metric_log()
     queue, running = list(enumerate(missing)), {}
     # What a call logs (log_metrics) goes to its own part file beside the active metrics log, appended to that log
@@ -206,7 +209,7 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
         i, (args, kwargs) = queue.pop(0)
         log = (str(parts[i]), dict(logger.tags)) if logger else None
         running[worker.submit(_stored_call_in_worker, fn.__module__, fn.__name__, args, kwargs,
-                              (str(store.directory), store.read), threads, log)] = (worker, i)
+                              (str(store.directory), store.read), threads, log, placement)] = (worker, i)
 
     try:
         for worker in pool[:len(queue)]:
@@ -226,17 +229,37 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     return len(missing)
 
 
+def _placement() -> tuple[str, str | None]:
+    """``(default device, autocast dtype or None)`` this process computes under: what the runner's ``--device``
+    and ``--precision`` set (``torch.device(...)`` and ``torch.autocast(...)`` contexts), read back from torch so
+    that a worker of :func:`run_ahead` trains where and how the parent would have."""
+    import torch
+
+    device = torch.get_default_device()
+    try:
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+    except RuntimeError:  # a device type autocast does not know (meta): no autocast there
+        dtype = None
+    return str(device), None if dtype is None else str(dtype).removeprefix("torch.")
+
+
 def _stored_call_in_worker(module: str, name: str, args: tuple, kwargs: dict, store: tuple[str, bool],
-                           threads: int, log: tuple[str, dict] | None = None) -> None:
-    """Worker-process entry of :func:`run_ahead`: one call, its result written to the parent's store and what it
-    logs to ``log`` (a part file and the parent logger's tags)."""
+                           threads: int, log: tuple[str, dict] | None = None,
+                           placement: tuple[str, str | None] = ("cpu", None)) -> None:
+    """Worker-process entry of :func:`run_ahead`: one call under the parent's ``placement`` (see
+    :func:`_placement`), its result written to the parent's store and what it logs to ``log`` (a part file and the
+    parent logger's tags)."""
     import importlib
 
     import torch
 
     torch.set_num_threads(threads)
+    fn = getattr(importlib.import_module(module), name)  # imported before the device context: module-level tensors
+    device, dtype = placement                            # stay where a plain import puts them
     with run_store(store[0], read=store[1]), \
-            (metric_log(log[0]) if log else contextlib.nullcontext()) as logger:
+            (metric_log(log[0]) if log else contextlib.nullcontext()) as logger, torch.device(device), \
+            (torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype)) if dtype
+             else contextlib.nullcontext()):
         if logger is not None:
             logger.tags = log[1]
-        getattr(importlib.import_module(module), name)(*args, **kwargs)
+        fn(*args, **kwargs)
