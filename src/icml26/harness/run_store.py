@@ -229,10 +229,10 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     return len(missing)
 
 
-def _placement() -> tuple[str, str | None]:
-    """``(default device, autocast dtype or None)`` this process computes under: what the runner's ``--device``
-    and ``--precision`` set (``torch.device(...)`` and ``torch.autocast(...)`` contexts), read back from torch so
-    that a worker of :func:`run_ahead` trains where and how the parent would have."""
+def _placement() -> tuple[str | None, str | None]:
+    """``(default device, autocast dtype)`` this process computes under, None for the CPU and for no autocast:
+    what the runner's ``--device`` and ``--precision`` set (``torch.device(...)`` and ``torch.autocast(...)``
+    contexts), read back from torch so that a worker of :func:`run_ahead` trains where and how the parent would."""
     import torch
 
     device = torch.get_default_device()
@@ -240,12 +240,14 @@ def _placement() -> tuple[str, str | None]:
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
     except RuntimeError:  # a device type autocast does not know (meta): no autocast there
         dtype = None
-    return str(device), None if dtype is None else str(dtype).removeprefix("torch.")
+    # No device context for the CPU: torch's device context intercepts every torch call, for nothing there.
+    return (None if device.type == "cpu" else str(device),
+            None if dtype is None else str(dtype).removeprefix("torch."))
 
 
 def _stored_call_in_worker(module: str, name: str, args: tuple, kwargs: dict, store: tuple[str, bool],
                            threads: int, log: tuple[str, dict] | None = None,
-                           placement: tuple[str, str | None] = ("cpu", None)) -> None:
+                           placement: tuple[str | None, str | None] = (None, None)) -> None:
     """Worker-process entry of :func:`run_ahead`: one call under the parent's ``placement`` (see
     :func:`_placement`), its result written to the parent's store and what it logs to ``log`` (a part file and the
     parent logger's tags)."""
@@ -256,10 +258,11 @@ def _stored_call_in_worker(module: str, name: str, args: tuple, kwargs: dict, st
     torch.set_num_threads(threads)
     fn = getattr(importlib.import_module(module), name)  # imported before the device context: module-level tensors
     device, dtype = placement                            # stay where a plain import puts them
+    device_type = torch.device(device).type if device else "cpu"
     with run_store(store[0], read=store[1]), \
-            (metric_log(log[0]) if log else contextlib.nullcontext()) as logger, torch.device(device), \
-            (torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype)) if dtype
-             else contextlib.nullcontext()):
+            (metric_log(log[0]) if log else contextlib.nullcontext()) as logger, \
+            (torch.device(device) if device else contextlib.nullcontext()), \
+            (torch.autocast(device_type, dtype=getattr(torch, dtype)) if dtype else contextlib.nullcontext()):
         if logger is not None:
             logger.tags = log[1]
         fn(*args, **kwargs)
