@@ -232,15 +232,15 @@ def test_run_ahead_workers_compute_under_the_runs_device_and_precision(tmp_path,
     import torch
 
     from icml26.harness.run_store import run_ahead
-    from icml26.harness.runner import _autocast, _default_device, room_seed_workers
+    from icml26.harness.runner import _placed, room_seed_workers
 
     (tmp_path / "placement_probe.py").write_text(_PROBE)
     monkeypatch.syspath_prepend(str(tmp_path))  # a spawned worker gets this process's sys.path
     probe = importlib.import_module("placement_probe")
     with room_seed_workers(2), run_store(tmp_path / "runs"):
-        with _default_device("meta"):
+        with _placed("meta", None):
             assert run_ahead(probe.where, [(("meta",), {})]) == 1
-        with _autocast("bf16", None):
+        with _placed(None, "bf16"):
             assert run_ahead(probe.where, [(("bf16",), {})]) == 1
         assert run_ahead(probe.where, [(("plain",), {})]) == 1
         ran = {tag: probe.where(tag) for tag in ("meta", "bf16", "plain")}  # read back from the store

@@ -175,11 +175,11 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     (:func:`icml26.harness.runner.room_seed_workers`); this sends the missing calls to them, each to the next free
     worker, waits for all, and the caller's own calls then read the results back from the store. Without workers,
     outside a store, or in a forced rerun (``read=False``: the caller would recompute anyway) it does nothing and
-    the caller computes each call when it comes to it, as before. The workers compute under this process's
-    default device and autocast (the run's ``--device`` and ``--precision``), as the caller's own call would.
+    the caller computes each call when it comes to it, as before. The workers compute under the run's
+    ``--device`` and ``--precision``, as the caller's own call would.
     ``fn`` must be reachable as
     ``fn.__module__``.``fn.__name__`` (a module-level function), so a worker can import it."""
-    from .runner import _ROOM_SEED_WORKERS  # late: the runner imports this module
+    from .runner import _PLACEMENT, _ROOM_SEED_WORKERS  # late: the runner imports this module
 
     store, workers = _STORE.get(), _ROOM_SEED_WORKERS.get()
     if store is None or not store.read or workers is None:
@@ -197,7 +197,7 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     from concurrent.futures import FIRST_COMPLETED, wait
 
     pool, threads = workers
-    placement = _placement()  # the run's --device / --precision, which the workers must compute under too
+    placement = _PLACEMENT.get()  # the run's (--device, --precision), which the workers must compute under too
     logger = current_metric_log()
     queue, running = list(enumerate(missing)), {}
     # What a call logs (log_metrics) goes to its own part file beside the active metrics log, appended to that log
@@ -229,40 +229,23 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     return len(missing)
 
 
-def _placement() -> tuple[str | None, str | None]:
-    """``(default device, autocast dtype)`` this process computes under, None for the CPU and for no autocast:
-    what the runner's ``--device`` and ``--precision`` set (``torch.device(...)`` and ``torch.autocast(...)``
-    contexts), read back from torch so that a worker of :func:`run_ahead` trains where and how the parent would."""
-    import torch
-
-    device = torch.get_default_device()
-    try:
-        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
-    except RuntimeError:  # a device type autocast does not know (meta): no autocast there
-        dtype = None
-    # No device context for the CPU: torch's device context intercepts every torch call, for nothing there.
-    return (None if device.type == "cpu" else str(device),
-            None if dtype is None else str(dtype).removeprefix("torch."))
-
-
 def _stored_call_in_worker(module: str, name: str, args: tuple, kwargs: dict, store: tuple[str, bool],
                            threads: int, log: tuple[str, dict] | None = None,
                            placement: tuple[str | None, str | None] = (None, None)) -> None:
-    """Worker-process entry of :func:`run_ahead`: one call under the parent's ``placement`` (see
-    :func:`_placement`), its result written to the parent's store and what it logs to ``log`` (a part file and the
-    parent logger's tags)."""
+    """Worker-process entry of :func:`run_ahead`: one call under the parent's ``placement`` (``(device,
+    precision)``, as the runner's seed workers get them), its result written to the parent's store and what it logs
+    to ``log`` (a part file and the parent logger's tags)."""
     import importlib
 
     import torch
 
+    from .runner import _placed
+
     torch.set_num_threads(threads)
-    fn = getattr(importlib.import_module(module), name)  # imported before the device context: module-level tensors
-    device, dtype = placement                            # stay where a plain import puts them
-    device_type = torch.device(device).type if device else "cpu"
+    # Imported before the device context, so that module-level tensors stay where a plain import puts them.
+    fn = getattr(importlib.import_module(module), name)
     with run_store(store[0], read=store[1]), \
-            (metric_log(log[0]) if log else contextlib.nullcontext()) as logger, \
-            (torch.device(device) if device else contextlib.nullcontext()), \
-            (torch.autocast(device_type, dtype=getattr(torch, dtype)) if dtype else contextlib.nullcontext()):
+            (metric_log(log[0]) if log else contextlib.nullcontext()) as logger, _placed(*placement):
         if logger is not None:
             logger.tags = log[1]
         fn(*args, **kwargs)

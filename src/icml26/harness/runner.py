@@ -157,6 +157,21 @@ def _autocast(precision: str | None, device: str | None):
         yield
 
 
+_PLACEMENT: ContextVar[tuple[str | None, str | None]] = ContextVar("icml26_placement", default=(None, None))
+
+
+@contextlib.contextmanager
+def _placed(device: str | None, precision: str | None):
+    """The run's ``--device`` and ``--precision`` (:func:`_default_device`, :func:`_autocast`), also kept where
+    ``run_store.run_ahead`` reads them, so that its workers compute as the run's own calls do."""
+    token = _PLACEMENT.set((device, precision))
+    try:
+        with _default_device(device), _autocast(precision, device):
+            yield
+    finally:
+        _PLACEMENT.reset(token)
+
+
 def read_result(path: Path) -> dict:
     """A result file's contents; a truncated or corrupt file raises :class:`ResultFileError` naming it."""
     try:
@@ -307,8 +322,8 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
         # Finished trainings go to OUT/ROOM/runs/ (runs-DEVICE[-PRECISION] when placed), where the room's other specs
         # and a resumed run find them.
         stored = run_store(path.parent / "-".join(["runs", *placement.values()]), read=not force)
-        with PeakRSS() as mem, metric_log(metrics_path) as logger, _default_device(device), \
-                _autocast(precision, device), _torch_threads_kept(), stored:
+        with PeakRSS() as mem, metric_log(metrics_path) as logger, _placed(device, precision), \
+                _torch_threads_kept(), stored:
             if spec.prepare is not None and prepared is None:
                 logger.tags = {"phase": "prepare"}
                 # Each tuning score is checkpointed (JSON in SPEC.tuning.ckpt, a name the report does not read as a
@@ -400,7 +415,7 @@ def _run_seed_in_worker(room: str, spec_id: str, config: dict, seed: int, prepar
     torch.set_num_threads(threads)
     spec = {s.id: s for s in specs_for(room)}[spec_id]
     stored = run_store(store[0], read=store[1]) if store else contextlib.nullcontext()
-    with metric_log(metrics_part) as logger, _default_device(device), _autocast(precision, device), stored:
+    with metric_log(metrics_part) as logger, _placed(device, precision), stored:
         logger.tags = {"seed": seed}
         res = spec.run(config, seed, prepared)
     res["seed"] = seed
