@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from icml26.core.logging import log_metrics, read_jsonl
 from icml26.harness.run_store import current_run_store, run_store, stored_run
 from icml26.harness.runner import run_spec
 from icml26.harness.spec import Comparator, ExperimentSpec
@@ -248,3 +249,69 @@ def test_run_ahead_workers_compute_under_the_runs_device_and_precision(tmp_path,
     assert ran["bf16"] == {"device": "cpu", "matmul_dtype": "torch.bfloat16"}
     assert ran["plain"] == {"device": "cpu", "matmul_dtype": "torch.float32"}
     assert torch.get_default_device().type == "cpu" and not torch.is_autocast_enabled("cpu")
+
+
+@stored_run
+def _logged_training(config: dict, seed: int, lr: float) -> dict:
+    """A stand-in training that logs two steps, as a room's training loop does."""
+    CALLS.append((seed, lr))
+    for step in (1, 2):
+        log_metrics(step, loss=lr / step, lr=lr)
+    return {"loss": config["scale"] * lr}
+
+
+def _logging_spec(kill_seed: dict) -> ExperimentSpec:
+    """Two stored trainings per seed; ``kill_seed`` ({"seed": s}, used once) interrupts seed s between them."""
+    def run(config, seed, prepared):
+        method = _logged_training(config, seed, 0.3)
+        if kill_seed.get("seed") == seed:
+            kill_seed.clear()
+            raise KeyboardInterrupt
+        base = _logged_training(config, seed, 0.1)
+        return {"arms": {"method": {"loss": method["loss"]}, "baseline": {"loss": base["loss"]}},
+                "statistics": {"gain": method["loss"] - base["loss"]}}
+    return ExperimentSpec(id="logged", room="toyroom", claim="c", paper_ref="none", metric="m",
+                          arms=("method", "baseline"), baseline="baseline",
+                          comparator=Comparator("gain", ">", 0.0, "gain > 0"), run=run,
+                          tiers={"smoke": {"scale": 1.0}, "quick": {"scale": 1.0}}, seeds={"smoke": 1, "quick": 3})
+
+
+def _lines(path) -> list[tuple]:
+    return sorted((r["seed"], r["lr"], r["step"]) for r in read_jsonl(path))
+
+
+def test_a_resumed_run_has_every_stored_trainings_log_lines_once(tmp_path):
+    """Seed 1 is killed after its first training. The resumed run reads that training back, which logs nothing, so
+    its lines must survive the resume's clean-up of the unfinished seed: every training's lines are in
+    SPEC.metrics.jsonl exactly once (before, they were dropped and lost). A forced rerun recomputes and logs each
+    training once more in place of the old lines."""
+    spec = _logging_spec({"seed": 1})
+    with pytest.raises(KeyboardInterrupt):
+        run_spec(spec, "quick", tmp_path)
+    run_spec(spec, "quick", tmp_path)
+    assert len(CALLS) == 6  # no training ran twice
+    metrics = tmp_path / "toyroom" / "logged.metrics.jsonl"
+    every_line_once = sorted((s, lr, step) for s in range(3) for lr in (0.3, 0.1) for step in (1, 2))
+    assert _lines(metrics) == every_line_once
+    stored = {p.name for p in (tmp_path / "toyroom" / "runs").iterdir()}
+    assert {r["run"] for r in read_jsonl(metrics)} == stored and len(stored) == 6  # each line names its training
+    run_spec(spec, "quick", tmp_path, force=True)
+    assert len(CALLS) == 12 and _lines(metrics) == every_line_once
+
+
+def test_worker_logs_left_by_a_killed_run_keep_only_stored_trainings_lines(tmp_path):
+    """A run killed outright leaves its workers' part files (SPEC.metrics.jsonl.seedN.part / .aheadN.part). The next
+    run appends their lines of trainings whose results are stored (they will not run again) and drops the rest (an
+    unfinished training is rerun and logs again), so a part reused by a new worker never brings old lines along."""
+    spec = _logging_spec({})
+    run_spec(spec, "quick", tmp_path, n_seeds=1)
+    folder = tmp_path / "toyroom"
+    stored_name = next((folder / "runs").iterdir()).name
+    left = [{"step": 7, "seed": 5, "lr": 0.5, "run": stored_name},       # a stored training: kept
+            {"step": 8, "seed": 5, "lr": 0.5, "run": "logged_training-unfinished.json"},  # not stored: dropped
+            {"step": 9, "seed": 5, "lr": 0.5}]                             # logged outside a stored call: dropped
+    for name in ("logged.metrics.jsonl.seed1.part", "logged.metrics.jsonl.ahead2.part"):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in left))
+    run_spec(spec, "quick", tmp_path, n_seeds=2)  # resumes: seed 0 is done, seed 1 runs
+    assert [line for line in _lines(folder / "logged.metrics.jsonl") if line[0] == 5] == [(5, 0.5, 7), (5, 0.5, 7)]
+    assert not list(folder.glob("*.part"))

@@ -8,7 +8,7 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .io import _jsonable
 
@@ -35,13 +35,15 @@ class JsonlLogger:
         self._handle.write(json.dumps(_jsonable(record)) + "\n")
         self._handle.flush()
 
-    def absorb(self, part: str | os.PathLike) -> None:
-        """Append every whole record of ``part`` (a worker process's own log, if it wrote one), then delete it, so
-        one finished task's lines arrive together and never interleave with another's."""
+    def absorb(self, part: str | os.PathLike, keep: Callable[[dict[str, Any]], bool] | None = None) -> None:
+        """Append every whole record of ``part`` (a worker process's own log, if it wrote one), or only those for
+        which ``keep(record)`` is true, then delete it, so one finished task's lines arrive together and never
+        interleave with another's."""
         part = Path(part)
         if part.exists():
             for record in read_jsonl(part):
-                self.write_record(record)
+                if keep is None or keep(record):
+                    self.write_record(record)
             part.unlink()
 
     def close(self) -> None:

@@ -20,6 +20,11 @@ of reading. Each file records the git sha and the CPU that wrote it, for the car
 or ``--precision`` gets its own directory (``runs-cuda``, ``runs-cuda-bf16``): its trainings are not the CPU's.
 (Not ``core.io.atomic_write_json``: it stores inf and nan as strings, and a stored result must read back as written.)
 
+What a call logs while it computes (``log_metrics``) is tagged ``"run": FILE``, the name of the file its result is
+stored in. A read-back call logs nothing, so the runner keeps a stored call's records when it drops the rest of an
+unfinished seed or tuning phase (:func:`logged_by_stored_run`): a resumed run has every stored training's log
+lines once, not twice and not never.
+
 A training that returns a model, not JSON, is stored with ``@stored_run(save=..., load=...)``: ``save(result)``
 gives tensors in dicts and lists (a ``state_dict``), written with ``torch.save`` to ``NAME-DIGEST.pt`` and read
 back with ``weights_only=True`` (no pickled code runs on load); ``load(saved, *args, **kwargs)`` rebuilds the result
@@ -88,6 +93,31 @@ def _call_record(fn: Callable, args: tuple, kwargs: dict) -> dict:
         raise TypeError(f"stored_run {fn.__qualname__}: arguments must be JSON values ({err})") from None
 
 
+@contextlib.contextmanager
+def _logged_as(run: str) -> Iterator[None]:
+    """Tag what the active metric log receives inside the block with ``"run": run`` (an inner call's tag wins)."""
+    logger = current_metric_log()
+    if logger is None:
+        yield
+        return
+    tags = logger.tags
+    logger.tags = {**tags, "run": run}
+    try:
+        yield
+    finally:
+        logger.tags = tags
+
+
+def logged_by_stored_run(directory: str | os.PathLike | None) -> Callable[[dict], bool]:
+    """Whether a metric record was logged by a call whose result is stored in ``directory`` (None: no store, never).
+    While the store is read such a call is not computed again, so its records are kept when a killed seed's or
+    tuning phase's other records are dropped."""
+    if directory is None:
+        return lambda record: False
+    directory = Path(directory)
+    return lambda record: isinstance(record.get("run"), str) and (directory / record["run"]).is_file()
+
+
 def stored_run(fn: Callable[..., Any] | None = None, *, save: Callable[[Any], Any] | None = None,
                load: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Decorate a deterministic function of JSON arguments returning a JSON value, or, with ``save`` and ``load``
@@ -151,7 +181,8 @@ def stored_run(fn: Callable[..., Any] | None = None, *, save: Callable[[Any], An
         record = read(path, call) if store.read else None  # None also for a missing or damaged file
         if record is not None:
             return record["result"] if as_json else load(record["result"], *args, **kwargs)
-        result = fn(*args, **kwargs)
+        with _logged_as(path.name):
+            result = fn(*args, **kwargs)
         from .runner import code_version, cpu_model  # late: the runner imports this module
 
         # Another CPU kind gives other floats for the same training: the card names what each file came from.
@@ -201,7 +232,8 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
     logger = current_metric_log()
     queue, running = list(enumerate(missing)), {}
     # What a call logs (log_metrics) goes to its own part file beside the active metrics log, appended to that log
-    # when the call is done: two trainings' lines never interleave, and an unfinished call's lines are dropped.
+    # when the call is done: two trainings' lines never interleave, and an unfinished call's lines are dropped. (The
+    # runner salvages the parts a killed run left before the spec starts, so a part here starts empty.)
     parts = ({i: logger.path.with_name(f"{logger.path.name}.ahead{i}.part") for i in range(len(missing))}
              if logger else {})
 
@@ -223,9 +255,9 @@ def run_ahead(fn: Callable[..., Any], calls: Iterable[tuple[tuple, dict]]) -> in
                     logger.absorb(parts[i])
                 if queue:
                     submit(worker)
-    finally:
+    finally:  # after a failure: what the unfinished calls logged is dropped, the stored calls' records kept
         for part in parts.values():
-            part.unlink(missing_ok=True)
+            logger.absorb(part, keep=logged_by_stored_run(store.directory))
     return len(missing)
 
 

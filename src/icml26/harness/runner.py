@@ -28,7 +28,7 @@ from ..core.logging import metric_log, read_jsonl
 from ..core.memory import PeakRSS
 from ..core.progress import progress
 from ..core.registry import ROOMS, get_room, import_room
-from .run_store import current_run_store, run_store
+from .run_store import current_run_store, logged_by_stored_run, run_store
 from .spec import TIERS, ExperimentSpec, judge
 from .tuning import tuning_check, tuning_checkpoint
 
@@ -311,19 +311,25 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                       wall_time_s=earlier_wall + time.perf_counter() - start)
         atomic_write_json(path, result)
 
+    # Finished trainings go to OUT/ROOM/runs/ (runs-DEVICE[-PRECISION] when placed), where the room's other specs
+    # and a resumed run find them.
+    store_dir = path.parent / "-".join(["runs", *placement.values()])
     # Per-step metrics of every arm go to SPEC_ID.metrics.jsonl, each record tagged with its seed (or the
-    # prepare phase). A resumed run keeps only the records of what it keeps, so no seed is logged twice.
+    # prepare phase). A resumed run keeps only the records of what it keeps, so no seed is logged twice, and the
+    # records of stored trainings, which it reads back instead of training (and logging) again.
+    from_store = logged_by_stored_run(None if force else store_dir)
     metrics_path = path.with_suffix(".metrics.jsonl")
     if metrics_path.exists():
         kept = [r for r in read_jsonl(metrics_path)
-                if r.get("seed") in done or (r.get("phase") == "prepare" and prepared is not None)]
+                if r.get("seed") in done or (r.get("phase") == "prepare" and prepared is not None) or from_store(r)]
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     try:
-        # Finished trainings go to OUT/ROOM/runs/ (runs-DEVICE[-PRECISION] when placed), where the room's other specs
-        # and a resumed run find them.
-        stored = run_store(path.parent / "-".join(["runs", *placement.values()]), read=not force)
+        stored = run_store(store_dir, read=not force)
         with PeakRSS() as mem, metric_log(metrics_path) as logger, _placed(device, precision), \
                 _torch_threads_kept(), stored:
+            # Worker logs a killed run left behind (SPEC.metrics.jsonl.*.part): their stored trainings' records only.
+            for part in sorted(metrics_path.parent.glob(f"{metrics_path.name}.*.part")):
+                logger.absorb(part, keep=from_store)
             if spec.prepare is not None and prepared is None:
                 logger.tags = {"phase": "prepare"}
                 # Each tuning score is checkpointed (JSON in SPEC.tuning.ckpt, a name the report does not read as a
@@ -380,15 +386,13 @@ def _run_seeds_in_workers(spec: ExperimentSpec, config: dict, seeds: list[int], 
                           device: str | None, precision: str | None, logger) -> Iterator[dict]:
     """Each seed's result as its worker process finishes it. A worker logs to its own metrics file, whose records
     are appended to ``logger``'s when the seed is done, so SPEC.metrics.jsonl never interleaves two seeds' lines
-    and a killed run keeps only whole seeds."""
+    and a killed run keeps only whole seeds (and what their stored trainings logged: those are not run again)."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     parts = {seed: logger.path.with_name(f"{logger.path.name}.seed{seed}.part") for seed in seeds}
-    for part in parts.values():  # left by a run that was killed outright
-        part.unlink(missing_ok=True)
+    store = current_run_store()
     try:
         with _seed_workers(jobs) as (workers, threads):
-            store = current_run_store()
             pending = {workers[seed % len(workers)].submit(_run_seed_in_worker, spec.room, spec.id, config, seed,
                                                            prepared, threads, device, precision, str(parts[seed]),
                                                            store):
@@ -401,8 +405,10 @@ def _run_seeds_in_workers(spec: ExperimentSpec, config: dict, seeds: list[int], 
                     logger.absorb(parts[seed])
                     yield res
     finally:
-        for part in parts.values():  # what an unfinished seed logged is dropped with it
-            part.unlink(missing_ok=True)
+        # What an unfinished seed logged is dropped with it, except its stored trainings' records (not rerun).
+        stored = logged_by_stored_run(store[0] if store and store[1] else None)
+        for part in parts.values():
+            logger.absorb(part, keep=stored)
 
 
 def _run_seed_in_worker(room: str, spec_id: str, config: dict, seed: int, prepared: Any, threads: int,
