@@ -408,6 +408,9 @@ def test_a_spec_that_pins_torch_threads_does_not_change_them_for_the_next(tmp_pa
 
 
 def test_a_prepare_killed_mid_grid_resumes_its_tuning_and_cleans_up(tmp_path):
+    """The resumed tuning scores only the missing points, and the metrics log has every point's lines once: those
+    of the points the checkpoint replays are kept, those of the point the kill interrupted are logged afresh."""
+    from icml26.core.logging import log_metrics, read_jsonl
     from icml26.harness.tuning import LogGrid, tune_per_arm
 
     scored = []
@@ -415,6 +418,7 @@ def test_a_prepare_killed_mid_grid_resumes_its_tuning_and_cleans_up(tmp_path):
 
     def prepare(config):
         def score(arm, lr, seed):
+            log_metrics(1, arm=arm, lr=lr)
             if len(scored) == state["die_at"]:
                 raise KeyboardInterrupt
             scored.append((arm, lr))
@@ -435,5 +439,8 @@ def test_a_prepare_killed_mid_grid_resumes_its_tuning_and_cleans_up(tmp_path):
     assert len(scored) == 6 and len(set(scored)) == 6  # the 2 missing points only, none scored twice
     assert res["status"] == "complete" and res["prepared"]["tuning"]["chosen"] == {"method": 0.1, "baseline": 0.1}
     assert not ckpt.exists()
+    metrics = tmp_path / "toyroom" / "toy.metrics.jsonl"
+    assert sorted((r["arm"], r["lr"]) for r in read_jsonl(metrics)) == sorted(scored)
     run_spec(spec, "quick", tmp_path, force=True)
     assert len(scored) == 12  # a forced rerun tunes afresh
+    assert sorted((r["arm"], r["lr"]) for r in read_jsonl(metrics)) == sorted(scored[6:])

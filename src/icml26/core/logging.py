@@ -83,6 +83,22 @@ def metric_log(path: str | os.PathLike) -> Iterator[JsonlLogger]:
             _ACTIVE.reset(token)
 
 
+@contextmanager
+def tagged(**tags: Any) -> Iterator[None]:
+    """Add ``tags`` to every record the active metric log receives inside the block (an inner block's win), e.g. the
+    stored training or the tuning point a line belongs to, by which a resumed run knows to keep it."""
+    logger = _ACTIVE.get()
+    if logger is None:
+        yield
+        return
+    outer = logger.tags
+    logger.tags = {**outer, **tags}
+    try:
+        yield
+    finally:
+        logger.tags = outer
+
+
 def current_metric_log() -> JsonlLogger | None:
     """The active :func:`metric_log`'s logger (None outside one), e.g. to collect what a worker process logged."""
     return _ACTIVE.get()

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..core.io import atomic_write_bytes, atomic_write_text
-from ..core.logging import current_metric_log, metric_log
+from ..core.logging import current_metric_log, metric_log, tagged
 
 
 @dataclass(frozen=True)
@@ -91,21 +91,6 @@ def _call_record(fn: Callable, args: tuple, kwargs: dict) -> dict:
                                       "args": list(args), "kwargs": kwargs}, sort_keys=True))
     except TypeError as err:
         raise TypeError(f"stored_run {fn.__qualname__}: arguments must be JSON values ({err})") from None
-
-
-@contextlib.contextmanager
-def _logged_as(run: str) -> Iterator[None]:
-    """Tag what the active metric log receives inside the block with ``"run": run`` (an inner call's tag wins)."""
-    logger = current_metric_log()
-    if logger is None:
-        yield
-        return
-    tags = logger.tags
-    logger.tags = {**tags, "run": run}
-    try:
-        yield
-    finally:
-        logger.tags = tags
 
 
 def logged_by_stored_run(directory: str | os.PathLike | None) -> Callable[[dict], bool]:
@@ -181,7 +166,7 @@ def stored_run(fn: Callable[..., Any] | None = None, *, save: Callable[[Any], An
         record = read(path, call) if store.read else None  # None also for a missing or damaged file
         if record is not None:
             return record["result"] if as_json else load(record["result"], *args, **kwargs)
-        with _logged_as(path.name):
+        with tagged(run=path.name):
             result = fn(*args, **kwargs)
         from .runner import code_version, cpu_model  # late: the runner imports this module
 

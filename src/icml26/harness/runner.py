@@ -30,7 +30,7 @@ from ..core.progress import progress
 from ..core.registry import ROOMS, get_room, import_room
 from .run_store import current_run_store, logged_by_stored_run, run_store
 from .spec import TIERS, ExperimentSpec, judge
-from .tuning import tuning_check, tuning_checkpoint
+from .tuning import checkpointed_points, tuning_check, tuning_checkpoint
 
 
 class ResultFileError(ValueError):
@@ -316,12 +316,16 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
     store_dir = path.parent / "-".join(["runs", *placement.values()])
     # Per-step metrics of every arm go to SPEC_ID.metrics.jsonl, each record tagged with its seed (or the
     # prepare phase). A resumed run keeps only the records of what it keeps, so no seed is logged twice, and the
-    # records of stored trainings, which it reads back instead of training (and logging) again.
+    # records of stored trainings, which it reads back instead of training (and logging) again, and those of the
+    # tuning points whose scores the tuning checkpoint replays.
     from_store = logged_by_stored_run(None if force else store_dir)
+    tuning_path = path.with_suffix(".tuning.ckpt")
+    replayed = checkpointed_points(tuning_path, key) if prepared is None else set()
     metrics_path = path.with_suffix(".metrics.jsonl")
     if metrics_path.exists():
         kept = [r for r in read_jsonl(metrics_path)
-                if r.get("seed") in done or (r.get("phase") == "prepare" and prepared is not None) or from_store(r)]
+                if r.get("seed") in done or from_store(r)
+                or (r.get("phase") == "prepare" and (prepared is not None or r.get("tuning") in replayed))]
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     try:
         stored = run_store(store_dir, read=not force)
@@ -334,7 +338,6 @@ def run_spec(spec: ExperimentSpec, tier: str, out: Path, *, n_seeds: int | None 
                 logger.tags = {"phase": "prepare"}
                 # Each tuning score is checkpointed (JSON in SPEC.tuning.ckpt, a name the report does not read as a
                 # result) as it finishes: a killed prepare phase resumes mid-grid.
-                tuning_path = path.with_suffix(".tuning.ckpt")
                 with tuning_checkpoint(tuning_path, key):
                     result["prepared"] = prepared = spec.prepare(config)
                 write("running")

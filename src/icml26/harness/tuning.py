@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..core.io import atomic_write_json, read_json
+from ..core.logging import tagged
 from ..core.progress import progress
 
 TUNING_SEEDS = (1000,)
@@ -114,6 +115,13 @@ class _ScoreCheckpoint:
         atomic_write_json(self.path, {"identity": self.identity, "scores": self.scores})
 
 
+def checkpointed_points(path: str | os.PathLike, identity: str) -> set[str]:
+    """The grid evaluations whose scores the tuning checkpoint at ``path`` holds for ``identity``: a resumed prepare
+    phase replays them without scoring (or logging) again, so the runner keeps the lines they logged (their
+    ``"tuning"`` tag names the evaluation)."""
+    return set(_ScoreCheckpoint(Path(path), identity).scores) if Path(path).exists() else set()
+
+
 _CHECKPOINT: ContextVar[_ScoreCheckpoint | None] = ContextVar("icml26_tuning_checkpoint", default=None)
 
 
@@ -176,7 +184,8 @@ def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, 
         name = f"{call}|{arm}|{value!r}|{seed}"
         found = checkpoint.get(name)
         if found is None:
-            found = float(score(arm, value, seed))
+            with tagged(tuning=name):  # a resumed run keeps these lines once the score is checkpointed
+                found = float(score(arm, value, seed))
             checkpoint.put(name, found)
         return found
 
