@@ -119,7 +119,7 @@ def checkpointed_points(path: str | os.PathLike, identity: str) -> set[str]:
     """The grid evaluations whose scores the tuning checkpoint at ``path`` holds for ``identity``: a resumed prepare
     phase replays them without scoring (or logging) again, so the runner keeps the lines they logged (their
     ``"tuning"`` tag names the evaluation)."""
-    return set(_ScoreCheckpoint(Path(path), identity).scores) if Path(path).exists() else set()
+    return set(_ScoreCheckpoint(Path(path), identity).scores)  # empty for a missing, damaged or foreign file
 
 
 _CHECKPOINT: ContextVar[_ScoreCheckpoint | None] = ContextVar("icml26_tuning_checkpoint", default=None)
