@@ -155,3 +155,18 @@ def test_arm_config_maps_tuned_values():
     d = ex.arm_config("dare", "nll/em/stochastic", cfg)
     assert (d.score, d.fit, d.exchange, d.constraint) == ("nll", "em", "stochastic", "dare")
     assert ex.arm_config("drop_all", 1e-3, cfg).actor_lr == 1e-3 and ex.arm_config("origin", 7.5, cfg).alpha == 7.5
+
+
+def test_the_curve_plot_names_the_specs_own_evaluation_episodes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {arm: [[0, 10.0], [100, 20.0]] for arm in ex.ARMS}
+    result = {"arms_order": list(ex.ARMS), "seed_results": [{"curves": curves}],
+              "run_info": {"config": {"eval_episodes": 5}}}
+    fig, ax = plt.subplots()
+    ex.plot_curves(result, ax)
+    assert ax.get_ylabel() == "normalised return (5 episodes per evaluation)"
+    plt.close(fig)

@@ -173,7 +173,9 @@ def run_claim(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any])
 def plot_curves(result: dict, ax) -> None:
     from ...harness.plots import plot_mean_curves
 
-    plot_mean_curves(result, ax, xlabel="online environment steps", ylabel="normalised return (20 episodes)")
+    episodes = result["run_info"]["config"]["eval_episodes"]  # 20 / 50 on the nav task, 5 on Hopper
+    plot_mean_curves(result, ax, xlabel="online environment steps",
+                     ylabel=f"normalised return ({episodes} episodes per evaluation)")
 
 
 def _tier(offline_steps: int, online_steps: int, **kw: Any) -> dict:
