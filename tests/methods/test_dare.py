@@ -158,15 +158,11 @@ def test_arm_config_maps_tuned_values():
 
 
 def test_the_curve_plot_names_the_specs_own_evaluation_episodes():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global backend or open figure to clean up
 
     curves = {arm: [[0, 10.0], [100, 20.0]] for arm in ex.ARMS}
     result = {"arms_order": list(ex.ARMS), "seed_results": [{"curves": curves}],
               "run_info": {"config": {"eval_episodes": 5}}}
-    fig, ax = plt.subplots()
+    ax = Figure().subplots()
     ex.plot_curves(result, ax)
     assert ax.get_ylabel() == "normalised return (5 episodes per evaluation)"
-    plt.close(fig)
