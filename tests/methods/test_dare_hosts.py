@@ -101,7 +101,80 @@ def test_calql_gap_matches_reference_with_and_without_calibration():
     td_only = agent.q_loss(b, none)
     agent.gen.set_state(state)
     full = agent.q_loss(b, torch.ones(9, dtype=torch.bool))
-    assert float(full.detach()) != float(td_only.detach())
+    assert td_only[1] is None and full[1] is None  # no Lagrange multiplier unless cql_lagrange
+    assert float(full[0].detach()) != float(td_only[0].detach())
+
+
+def _calql_antmaze(**kw):
+    cfg = DAREConfig(**{**corl_defaults("calql", antmaze=True), "hidden": 8, "cql_n_actions": 3, **kw})
+    return DARECalQL(3, 2, cfg, seed=0)
+
+
+def test_calql_corl_antmaze_extras_are_the_defaults_and_build_corls_networks():
+    d = corl_defaults("calql", antmaze=True)
+    assert (d["critic_layers"], d["actor_layers"], d["actor_log_std_offset"]) == (5, 3, -1.0)
+    assert d["cql_lagrange"] and d["cql_target_action_gap"] == 0.8 and d["cql_max_target_backup"]
+    assert d["orthogonal_init"] and d["cql_clip_diff_min"] == -200.0
+    assert not corl_defaults("calql").get("cql_lagrange", False) and "critic_layers" not in corl_defaults("calql")
+    agent = _calql_antmaze()
+    linears = lambda m: [x for x in m.modules() if isinstance(x, torch.nn.Linear)]  # noqa: E731
+    assert len(linears(agent.critic.q1)) == 6 and len(linears(agent.actor)) == 4
+    for lin in linears(agent.actor) + linears(agent.critic):  # orthogonal with gain sqrt(2), zero bias
+        w = lin.weight.detach().double()
+        gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+        torch.testing.assert_close(gram, 2 * torch.eye(gram.shape[0], dtype=torch.float64), atol=1e-5, rtol=0)
+        assert not lin.bias.detach().any()
+    # the learnable log-std map starts at head - 1 and trains with the actor
+    obs = torch.randn(4, 3)
+    head = agent.actor.net(obs).chunk(2, -1)[1]
+    torch.testing.assert_close(agent.actor.dist_params(obs)[1], (head - 1.0).clamp(-20.0, 2.0))
+    names = {n for n, _ in agent.actor.named_parameters()}
+    assert {"log_std_scale", "log_std_offset"} <= names
+    for name, value in [("critic_layers", 0), ("actor_layers", 0), ("cql_clip_diff_min", float("nan"))]:
+        with pytest.raises(ValueError, match=name):
+            DAREConfig(**{name: value})
+
+
+def test_calql_max_target_backup_is_the_max_over_policy_draws():
+    agent = _calql_antmaze()
+    b = _batch()
+    state = agent.gen.get_state()
+    fast = agent.td_target(b)
+    agent.gen.set_state(state)
+    acts, _ = agent.actor.sample(b["next_observations"], 3, agent.gen)
+    slow = torch.stack([torch.stack([torch.min(*agent.critic_target(b["next_observations"][i:i + 1], acts[k, i:i + 1]))[0]
+                                     for k in range(3)]).max() for i in range(9)])
+    torch.testing.assert_close(fast, b["rewards"] + 0.99 * (1 - b["dones"]) * slow.detach())
+
+
+def test_calql_lagrange_term_is_corls_and_its_multiplier_holds_the_gap_at_its_target():
+    agent = _calql_antmaze(cql_clip_diff_min=-1.0)
+    agent.calibrating = False
+    b = _batch()
+    state = agent.gen.get_state()
+    loss, loss_ap = agent.q_loss(b, torch.ones(9, dtype=torch.bool))
+    # CORL, per critic j: alpha' cql_alpha (mean_i clamp(gap_ij, -1) - target), with the same draws
+    agent.gen.set_state(state)
+    y = agent.td_target(b)
+    q_data = agent.critic(b["observations"], b["actions"])
+    k, obs, nobs = 3, b["observations"], b["next_observations"]
+    rand = torch.rand((k, 9, 2), generator=agent.gen) * 2 - 1
+    cur, nxt = (tuple(t.detach() for t in agent.actor.sample(o, k, agent.gen)) for o in (obs, nobs))
+    ap = float(np.exp(1.0))
+    expected = sum(torch.nn.functional.mse_loss(q, y) for q in q_data)
+    for j in range(2):
+        qs = [torch.stack([agent.critic(obs, a[kk])[j] for kk in range(k)], 1) for a in (rand, cur[0], nxt[0])]
+        gap = ref.cql_gap(qs[0], qs[1], qs[2], cur[1].T, nxt[1].T, q_data[j], 2).clamp(min=-1.0)
+        expected = expected + ap * 5.0 * (float(gap.mean()) - 0.8)
+    torch.testing.assert_close(float(loss.detach()), float(expected.detach()), rtol=1e-5, atol=1e-5)
+    # only S_off (keep) enters the term; nothing kept leaves the TD loss and no multiplier loss
+    assert agent.q_loss(b, torch.zeros(9, dtype=torch.bool))[1] is None
+    # the multiplier's loss is -1/2 of the term: a gap above its target raises alpha', below lowers it
+    for target, sign in ((-100.0, 1), (100.0, -1)):
+        agent = _calql_antmaze(cql_target_action_gap=target)
+        before = float(agent.log_alpha_prime)
+        agent.update(b, torch.ones(9, dtype=torch.bool))
+        assert sign * (float(agent.log_alpha_prime) - before) > 0
 
 
 @pytest.mark.parametrize("host,extra,tol", [("iql", {}, 0.12), pytest.param(
@@ -143,6 +216,8 @@ def test_killed_run_resumes_to_the_same_state(tmp_path, host):
         assert torch.equal(x, y)
     if host == "calql":
         assert not c.calibrating and torch.equal(a.log_alpha, c.log_alpha)
+        assert torch.equal(a.log_alpha_prime, c.log_alpha_prime) and not torch.equal(c.log_alpha_prime,
+                                                                                      torch.ones(1))
 
 
 def test_calql_calibration_needs_mc_returns_and_is_switched_off_online():

@@ -77,6 +77,16 @@ class GaussianPolicy(nn.Module):
         return mean + eps * log_std.exp()
 
 
+def orthogonal_init_(module: nn.Module) -> nn.Module:
+    """CORL Cal-QL's ``orthogonal_init``: every Linear gets an orthogonal weight with gain sqrt(2) (output layers
+    included) and a zero bias. Returns ``module``."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.orthogonal_(m.weight, gain=math.sqrt(2))
+            nn.init.zeros_(m.bias)
+    return module
+
+
 @torch.no_grad()
 def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     """Polyak averaging: theta' <- (1 - tau) theta' + tau theta."""
@@ -90,16 +100,23 @@ class TanhGaussianActor(nn.Module):
 
     ``sample`` returns reparameterised actions (n, B, act) and their log-densities (n, B) with the tanh
     change-of-variables correction; ``forward`` is the deterministic action tanh(m(s)) used for evaluation.
+    ``log_std_offset`` (None: off): CORL's learnable affine map of the log-std head, m * head + o with m
+    initialised to 1 and o to this value (CORL uses -1), before the clamp.
     """
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, layers: int = 2,
-                 log_std_range: tuple[float, float] = (-20.0, 2.0)):
+                 log_std_range: tuple[float, float] = (-20.0, 2.0), log_std_offset: float | None = None):
         super().__init__()
         self.net = mlp(obs_dim, 2 * act_dim, hidden, layers)
         self.lo, self.hi = log_std_range
+        if log_std_offset is not None:  # CORL Cal-QL: log_std = m * head + o, m and o learnable (init 1, offset)
+            self.log_std_scale = nn.Parameter(torch.tensor(1.0))
+            self.log_std_offset = nn.Parameter(torch.tensor(float(log_std_offset)))
 
     def dist_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, log_std = self.net(obs).chunk(2, -1)
+        if hasattr(self, "log_std_offset"):
+            log_std = self.log_std_scale * log_std + self.log_std_offset
         return mean, log_std.clamp(self.lo, self.hi)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ IQL's relaxed objective) named as such. ``corl_defaults(host, antmaze=...)`` giv
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 HOSTS = ("td3bc", "iql", "calql")
@@ -62,6 +63,19 @@ class DAREConfig:
         cql_n_actions: sampled actions per state in the CQL log-sum-exp (10).
         calibrate: Cal-QL's max(Q, MC return-to-go) on policy actions during offline pretraining (CORL switches
             it off at the online switch); False gives CQL.
+        cql_lagrange, cql_target_action_gap: CORL's Lagrange CQL: the regulariser becomes
+            alpha' * cql_alpha * (gap - target_action_gap) with alpha' = exp(log alpha') (init e, clamped to
+            [0, 1e6]) learned by Adam at ``critic_lr`` to hold the gap at its target (antmaze: on, 0.8).
+        cql_max_target_backup: TD target max_k min_j Q'_j(s', a'_k) over ``cql_n_actions`` policy draws (antmaze).
+        cql_clip_diff_min: lower clamp of each sample's CQL gap per critic (CORL antmaze -200; -inf = off).
+        orthogonal_init: CORL's orthogonal init (gain sqrt 2, zero bias) of the Cal-QL actor and critics.
+        critic_layers, actor_layers: hidden layers of the Q networks / the actor (None: ``layers``; CORL Cal-QL's
+            actor has 3, its antmaze Q networks 5).
+        actor_log_std_offset: CORL Cal-QL's learnable log-std affine map (scale 1, offset this value, CORL -1);
+            None: the plain log-std head.
+
+    Every host builds its actor and critics with ``actor_layers`` / ``critic_layers``; the Cal-QL extras
+    (Lagrange, max backup, clip, orthogonal init, log-std map) act in the Cal-QL host only.
     """
 
     batch_size: int = 256
@@ -99,6 +113,14 @@ class DAREConfig:
     cql_alpha_online: float = 10.0
     cql_n_actions: int = 10
     calibrate: bool = True
+    cql_lagrange: bool = False
+    cql_target_action_gap: float = -1.0
+    cql_max_target_backup: bool = False
+    cql_clip_diff_min: float = -math.inf
+    orthogonal_init: bool = False
+    critic_layers: int | None = None
+    actor_layers: int | None = None
+    actor_log_std_offset: float | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (("constraint", CONSTRAINTS), ("score", SCORES), ("fit", FITS), ("exchange", EXCHANGES),
@@ -106,8 +128,8 @@ class DAREConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"DAREConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("batch_size", "policy_freq", "hidden", "layers", "n_ref_actions", "cql_n_actions",
-                     "diffusion_steps"):
-            if int(getattr(self, name)) < 1:
+                     "diffusion_steps", "critic_layers", "actor_layers"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ValueError(f"DAREConfig.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("actor_lr", "critic_lr", "bc_lr"):
             if not getattr(self, name) > 0:
@@ -130,6 +152,8 @@ class DAREConfig:
             raise ValueError(f"DAREConfig.guidance_scale > 0 needs behavior='diffusion', got {self.behavior!r}")
         if not 0 < self.iql_tau < 1:
             raise ValueError(f"DAREConfig.iql_tau must be in (0, 1), got {self.iql_tau}")
+        if math.isnan(self.cql_clip_diff_min) or self.cql_clip_diff_min == math.inf:
+            raise ValueError(f"DAREConfig.cql_clip_diff_min must be a number below +inf, got {self.cql_clip_diff_min}")
         if not self.exp_adv_max > 0:
             raise ValueError(f"DAREConfig.exp_adv_max must be > 0, got {self.exp_adv_max}")
 
@@ -138,7 +162,11 @@ def corl_defaults(host: str, *, antmaze: bool = False) -> dict:
     """CORL's finetune defaults for ``host`` as DAREConfig fields (``antmaze``: its sparse-reward values).
 
     td3bc: algorithms/offline/td3_bc.py (lr 3e-4, alpha 2.5). iql: algorithms/finetune/iql.py (lrs 3e-4, tau 0.7 /
-    0.9, beta 3 / 10). calql: algorithms/finetune/cal_ql.py (policy lr 3e-5 / 1e-4, Q lr 3e-4, cql_alpha 10 / 5).
+    0.9, beta 3 / 10). calql: algorithms/finetune/cal_ql.py (policy lr 3e-5 / 1e-4, Q lr 3e-4, cql_alpha 10 / 5,
+    orthogonal init, a 3-layer actor with the learnable log-std map at offset -1) and, for antmaze,
+    configs/finetune/cal_ql/antmaze/*.yaml (5-layer Q networks, Lagrange CQL with target gap 0.8, max target
+    backup, gap clipped at -200; its reward map 10 r - 5 is the experiment's ``reward_scale`` / ``reward_bias``).
+    Widths stay the caller's ``hidden`` (CORL: 256).
     """
     if host not in HOSTS:
         raise ValueError(f"host must be one of {HOSTS}, got {host!r}")
@@ -147,6 +175,9 @@ def corl_defaults(host: str, *, antmaze: bool = False) -> dict:
     if host == "iql":
         return {"host": host, "actor_lr": 3e-4, "critic_lr": 3e-4, "iql_tau": 0.9 if antmaze else 0.7,
                 "iql_beta": 10.0 if antmaze else 3.0}
-    a = 5.0 if antmaze else 10.0
-    return {"host": host, "actor_lr": 1e-4 if antmaze else 3e-5, "critic_lr": 3e-4, "cql_alpha": a,
-            "cql_alpha_online": a}
+    base = {"host": host, "critic_lr": 3e-4, "orthogonal_init": True, "actor_layers": 3, "actor_log_std_offset": -1.0}
+    if not antmaze:
+        return {**base, "actor_lr": 3e-5, "cql_alpha": 10.0, "cql_alpha_online": 10.0}
+    return {**base, "actor_lr": 1e-4, "cql_alpha": 5.0, "cql_alpha_online": 5.0, "critic_layers": 5,
+            "cql_lagrange": True, "cql_target_action_gap": 0.8, "cql_max_target_backup": True,
+            "cql_clip_diff_min": -200.0}

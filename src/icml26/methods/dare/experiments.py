@@ -55,7 +55,8 @@ def _device() -> torch.device:
 def base_config(config: Mapping[str, Any]) -> DAREConfig:
     host = config.get("host", "td3bc")
     return DAREConfig(**corl_defaults(host, antmaze=config.get("sparse", True)), hidden=config["hidden"],
-                      layers=config["layers"], batch_size=config["batch_size"], reward_bias=config["reward_bias"],
+                      layers=config["layers"], batch_size=config["batch_size"],
+                      reward_scale=config.get("reward_scale", 1.0), reward_bias=config["reward_bias"],
                       bc_steps=config["bc_steps"], behavior=config.get("behavior", "gaussian"))
 
 
@@ -97,7 +98,7 @@ def pretrained(config: Mapping[str, Any], seed: int) -> dict:
     key = json.dumps({**dict(config), "seed": seed}, sort_keys=True, default=str)
     if key not in _PRETRAINED:
         cfg = base_config(config)
-        offline = OfflineBuffer(dataset(config), _device(), reward_bias=cfg.reward_bias,
+        offline = OfflineBuffer(dataset(config), _device(), reward_scale=cfg.reward_scale, reward_bias=cfg.reward_bias,
                                 mc_discount=cfg.discount if cfg.host == "calql" else None,
                                 sparse_failure_reward=cfg.reward_bias if cfg.host == "calql" and
                                 config.get("sparse", True) else None)
@@ -187,6 +188,9 @@ def _tier(offline_steps: int, online_steps: int, **kw: Any) -> dict:
     return {**cfg, **kw}
 
 
+CALQL_REWARD = {"reward_scale": 10.0, "reward_bias": -5.0}
+"""CORL's antmaze reward map for Cal-QL (configs/finetune/cal_ql/antmaze: reward_scale 10, reward_bias -5)."""
+
 COMPARATOR = Comparator(
     "final_gain", ">", 0.0,
     "normalised return of DARE minus the origin split after the online budget (mean of the last two evaluations), "
@@ -235,13 +239,14 @@ SPECS = [
         id="dare_vs_origin_calql", room="dare", claim=CLAIM, paper_ref=PAPER_REF, metric=METRIC,
         arms=ARMS, baseline="origin", comparator=COMPARATOR, run=run_claim, prepare=prepare, plot=plot_curves,
         tiers={"smoke": _tier(20, 20, host="calql", transitions=600, cache_data=False, bc_steps=10, eval_every=10,
-                              eval_episodes=2, tune_online_steps=10, batch_size=32, hidden=16),
-               "full": _tier(6000, 3000, host="calql", eval_every=500)},
+                              eval_episodes=2, tune_online_steps=10, batch_size=32, hidden=16, **CALQL_REWARD),
+               "full": _tier(20000, 3000, host="calql", eval_every=500, tune_online_steps=1500, **CALQL_REWARD)},
         seeds={"smoke": 1, "full": 4},
         checks=_checks("Cal-QL"),
         null_value=0.0,
-        notes="Cal-QL host (CORL antmaze: policy lr 1e-4, cql_alpha 5, calibration offline only); keep_all is "
-              "CORL's Cal-QL O2O recipe; full tier only.",
+        notes="Cal-QL host at CORL's antmaze recipe (policy lr 1e-4, cql_alpha 5 with Lagrange gap 0.8, 5-layer Q, "
+              "max target backup, orthogonal init, reward 10 r - 5, calibration offline only); keep_all is CORL's "
+              "Cal-QL O2O recipe; full tier only (protocol v2, README).",
     ),
     ExperimentSpec(
         id="dare_vs_origin_hopper", room="dare", claim=CLAIM, paper_ref=PAPER_REF,

@@ -9,9 +9,10 @@ IQL (Kostrikov et al. 2022):
                         + (1 - keep_i) (alpha log pi(a~_i|s_i) - Q(s_i, a~_i) / mean|Q|) ]  a~ ~ pi  (relaxed) [REC]
 Cal-QL (Nakamoto et al. 2023) = SAC + CQL regulariser with calibration:
     actor: SAC, mean_i (alpha_SAC log pi(a~_i|s_i) - min_j Q_j(s_i, a~_i)), automatic alpha_SAC     (all samples)
-    Q:     TD (no entropy backup) on all samples
+    Q:     TD (no entropy backup; optionally CQL's max target backup) on all samples
            + cql_alpha (1/B) sum_i keep_i [ logsumexp_k (Q(s_i, a_k) - log q(a_k)) - Q(s_i, a_i) ]  (S_off only)
-           with Q(s_i, a_k) <- max(Q(s_i, a_k), G_i) on policy actions while calibrating (offline; G the MC return)
+           with Q(s_i, a_k) <- max(Q(s_i, a_k), G_i) on policy actions while calibrating (offline; G the MC return);
+           with ``cql_lagrange`` the gap is weighted by a learned alpha' that holds it at a target (CORL antmaze)
 
 ``keep`` all True is the unmodified host (CORL IQL / Cal-QL); tests hold both to that and to the reference.
 """
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...rl.nets import IQLGaussianActor, TanhGaussianActor, TwinQ, ValueNet, soft_update
+from ...rl.nets import IQLGaussianActor, TanhGaussianActor, TwinQ, ValueNet, orthogonal_init_, soft_update
 from .config import DAREConfig
 from .trainer import DAREHost, DARETD3BC
 
@@ -38,8 +39,8 @@ class DAREIQL(DAREHost):
 
     def _build(self, obs_dim: int, act_dim: int) -> None:
         c = self.config
-        self.actor = IQLGaussianActor(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
-        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
+        self.actor = IQLGaussianActor(obs_dim, act_dim, c.hidden, c.actor_layers or c.layers).to(self.device)
+        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.critic_layers or c.layers).to(self.device)
         self.critic_target = copy.deepcopy(self.critic)
         self.value = ValueNet(obs_dim, c.hidden, c.layers).to(self.device)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=c.actor_lr)
@@ -105,18 +106,25 @@ class DARECalQL(DAREHost):
     only (see the module docstring). Batches need ``mc_returns`` while calibrating: build the offline buffer with
     ``OfflineBuffer(data, mc_discount=config.discount, ...)``."""
 
-    modules = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt")
+    modules = ("actor", "critic", "critic_target", "actor_opt", "critic_opt", "alpha_opt", "alpha_prime_opt")
 
     def _build(self, obs_dim: int, act_dim: int) -> None:
         c = self.config
-        self.actor = TanhGaussianActor(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
-        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.layers).to(self.device)
+        self.actor = TanhGaussianActor(obs_dim, act_dim, c.hidden, c.actor_layers or c.layers,
+                                       log_std_offset=c.actor_log_std_offset).to(self.device)
+        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.critic_layers or c.layers).to(self.device)
+        if c.orthogonal_init:
+            orthogonal_init_(self.actor)
+            orthogonal_init_(self.critic)
         self.critic_target = copy.deepcopy(self.critic)
         self.log_alpha = torch.zeros(1, device=self.device, requires_grad=True)
         self.target_entropy = -float(act_dim)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=c.actor_lr)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.critic_lr)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=c.actor_lr)  # CORL: the policy lr
+        # CORL's Lagrange multiplier of the CQL gap: log alpha' starts at 1 and steps at the Q lr
+        self.log_alpha_prime = torch.ones(1, device=self.device, requires_grad=True)
+        self.alpha_prime_opt = torch.optim.Adam([self.log_alpha_prime], lr=c.critic_lr)
         self.calibrating = c.calibrate
 
     def start_online(self) -> None:
@@ -131,11 +139,12 @@ class DARECalQL(DAREHost):
         q = torch.min(*self.critic(obs, a_tilde))
         return (alpha * logp - q).mean(), alpha_loss
 
-    def _q_many(self, obs: torch.Tensor, acts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Q_j(s_i, a_{k,i}) for acts (K, B, A) -> two (B, K) tensors."""
+    def _q_many(self, obs: torch.Tensor, acts: torch.Tensor, critic: TwinQ | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q_j(s_i, a_{k,i}) for acts (K, B, A) -> two (B, K) tensors (``critic``: default the online critic)."""
         k = acts.shape[0]
-        q1, q2 = self.critic(obs.unsqueeze(0).expand(k, *obs.shape).reshape(-1, obs.shape[-1]),
-                             acts.reshape(-1, acts.shape[-1]))
+        q1, q2 = (critic or self.critic)(obs.unsqueeze(0).expand(k, *obs.shape).reshape(-1, obs.shape[-1]),
+                                         acts.reshape(-1, acts.shape[-1]))
         return q1.view(k, -1).T, q2.view(k, -1).T
 
     def cql_terms(self, b: dict, q_data: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -165,21 +174,44 @@ class DARECalQL(DAREHost):
             if lower is not None:
                 qc, qn = torch.maximum(qc, lower.unsqueeze(-1)), torch.maximum(qn, lower.unsqueeze(-1))
             cat = torch.cat((rand_q[j] - rand_density, qn - nxt[1].T, qc - cur[1].T), 1)
-            out.append(torch.logsumexp(cat, 1) - q_data[j])
+            gap = torch.logsumexp(cat, 1) - q_data[j]
+            if self.config.cql_clip_diff_min > -math.inf:  # CORL's cql_clip_diff_min (antmaze -200)
+                gap = gap.clamp(min=self.config.cql_clip_diff_min)
+            out.append(gap)
         return out[0] + out[1]
 
-    def q_loss(self, b: dict, keep: torch.Tensor) -> torch.Tensor:
-        c = self.config
+    def td_target(self, b: dict) -> torch.Tensor:
+        """r + gamma (1 - d) min_j Q'_j(s', a'), a' ~ pi(.|s') (no entropy backup, as CORL); with
+        ``cql_max_target_backup`` the max over ``cql_n_actions`` draws a'_k of min_j Q'_j(s', a'_k). (B,)"""
+        c, nobs = self.config, b["next_observations"]
         with torch.no_grad():
-            next_a, _ = self.actor.sample(b["next_observations"], generator=self.gen)
-            target = torch.min(*self.critic_target(b["next_observations"], next_a))
-            y = b["rewards"] + c.discount * (1 - b["dones"]) * target
+            if c.cql_max_target_backup:
+                next_a, _ = self.actor.sample(nobs, c.cql_n_actions, self.gen)
+                target = torch.min(*self._q_many(nobs, next_a, self.critic_target)).max(1).values
+            else:
+                next_a, _ = self.actor.sample(nobs, generator=self.gen)
+                target = torch.min(*self.critic_target(nobs, next_a))
+            return b["rewards"] + c.discount * (1 - b["dones"]) * target
+
+    def q_loss(self, b: dict, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """TD loss of both critics + the CQL regulariser on S_off (``keep``), and the Lagrange multiplier's loss
+        (None without ``cql_lagrange``). The regulariser is weight (1/B) sum_i keep_i gap_i, or with Lagrange
+        alpha' weight (1/B) sum_i keep_i (gap_i - 2 target_gap) (gap_i sums the two critics; keep = 1 is CORL's
+        per-critic alpha' weight (mean gap_j - target_gap)); alpha' is held fixed in the critic's loss and its own
+        loss is -1/2 of the same term with the gap held fixed, as CORL's."""
+        c = self.config
+        y = self.td_target(b)
         q1, q2 = self.critic(b["observations"], b["actions"])
         td = F.mse_loss(q1, y) + F.mse_loss(q2, y)
         weight = c.cql_alpha_online if self.online else c.cql_alpha
         if weight == 0 or not bool(keep.any()):
-            return td
-        return td + weight * (keep.to(q1.dtype) * self.cql_terms(b, (q1, q2))).mean()
+            return td, None
+        keep_f = keep.to(q1.dtype)
+        if not c.cql_lagrange:
+            return td + weight * (keep_f * self.cql_terms(b, (q1, q2))).mean(), None
+        term = (keep_f * (self.cql_terms(b, (q1, q2)) - 2 * c.cql_target_action_gap)).mean()
+        alpha_prime = self.log_alpha_prime.exp().clamp(0.0, 1e6)
+        return td + alpha_prime.detach() * weight * term, -0.5 * alpha_prime * weight * term.detach()
 
     def update(self, b: dict, keep: torch.Tensor) -> dict:
         """CORL Cal-QL's order: actor and alpha losses, Q loss, then the alpha, actor and critic steps, targets."""
@@ -187,7 +219,11 @@ class DARECalQL(DAREHost):
             raise ValueError("Cal-QL calibration needs 'mc_returns' in the batch: build the offline buffer with "
                              "OfflineBuffer(data, mc_discount=config.discount)")
         loss_pi, loss_alpha = self.actor_and_alpha_loss(b)
-        loss_q = self.q_loss(b, keep)
+        loss_q, loss_alpha_prime = self.q_loss(b, keep)
+        if loss_alpha_prime is not None:
+            self.alpha_prime_opt.zero_grad(set_to_none=True)
+            loss_alpha_prime.backward()
+            self.alpha_prime_opt.step()
         self.alpha_opt.zero_grad(set_to_none=True)
         loss_alpha.backward()
         self.alpha_opt.step()
@@ -208,12 +244,14 @@ class DARECalQL(DAREHost):
         return np.tanh(u).astype(np.float32)
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "log_alpha": self.log_alpha.detach().clone(), "calibrating": self.calibrating}
+        return {**super().state_dict(), "log_alpha": self.log_alpha.detach().clone(),
+                "log_alpha_prime": self.log_alpha_prime.detach().clone(), "calibrating": self.calibrating}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
+            self.log_alpha_prime.copy_(state["log_alpha_prime"])
         self.calibrating = bool(state["calibrating"])
 
 
