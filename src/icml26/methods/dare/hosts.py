@@ -143,8 +143,9 @@ class DARECalQL(DAREHost):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Q_j(s_i, a_{k,i}) for acts (K, B, A) -> two (B, K) tensors (``critic``: default the online critic)."""
         k = acts.shape[0]
-        q1, q2 = (critic or self.critic)(obs.unsqueeze(0).expand(k, *obs.shape).reshape(-1, obs.shape[-1]),
-                                         acts.reshape(-1, acts.shape[-1]))
+        critic = self.critic if critic is None else critic
+        q1, q2 = critic(obs.unsqueeze(0).expand(k, *obs.shape).reshape(-1, obs.shape[-1]),
+                        acts.reshape(-1, acts.shape[-1]))
         return q1.view(k, -1).T, q2.view(k, -1).T
 
     def cql_terms(self, b: dict, q_data: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
