@@ -109,13 +109,14 @@ class TanhGaussianActor(nn.Module):
         super().__init__()
         self.net = mlp(obs_dim, 2 * act_dim, hidden, layers)
         self.lo, self.hi = log_std_range
-        if log_std_offset is not None:  # CORL Cal-QL: log_std = m * head + o, m and o learnable (init 1, offset)
+        self.affine_log_std = log_std_offset is not None
+        if self.affine_log_std:  # CORL Cal-QL: log_std = m * head + o, m and o learnable (init 1, offset)
             self.log_std_scale = nn.Parameter(torch.tensor(1.0))
             self.log_std_offset = nn.Parameter(torch.tensor(float(log_std_offset)))
 
     def dist_params(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, log_std = self.net(obs).chunk(2, -1)
-        if hasattr(self, "log_std_offset"):
+        if self.affine_log_std:
             log_std = self.log_std_scale * log_std + self.log_std_offset
         return mean, log_std.clamp(self.lo, self.hi)
 

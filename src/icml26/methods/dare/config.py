@@ -122,6 +122,16 @@ class DAREConfig:
     actor_layers: int | None = None
     actor_log_std_offset: float | None = None
 
+    @property
+    def actor_depth(self) -> int:
+        """Hidden layers of the actor: ``actor_layers``, else ``layers``."""
+        return self.actor_layers or self.layers
+
+    @property
+    def critic_depth(self) -> int:
+        """Hidden layers of each Q network: ``critic_layers``, else ``layers``."""
+        return self.critic_layers or self.layers
+
     def __post_init__(self) -> None:
         for name, allowed in (("constraint", CONSTRAINTS), ("score", SCORES), ("fit", FITS), ("exchange", EXCHANGES),
                               ("host", HOSTS), ("behavior", BEHAVIORS)):

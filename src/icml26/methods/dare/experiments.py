@@ -94,7 +94,7 @@ def dataset(config: Mapping[str, Any]) -> dict:
 
 
 def pretrained(config: Mapping[str, Any], seed: int) -> dict:
-    """Offline TD3+BC + behavior model for this seed (shared by every arm; kept in memory for the process)."""
+    """The offline host + behavior model for this seed (shared by every arm; kept in memory for the process)."""
     key = json.dumps({**dict(config), "seed": seed}, sort_keys=True, default=str)
     if key not in _PRETRAINED:
         cfg = base_config(config)

@@ -39,8 +39,8 @@ class DAREIQL(DAREHost):
 
     def _build(self, obs_dim: int, act_dim: int) -> None:
         c = self.config
-        self.actor = IQLGaussianActor(obs_dim, act_dim, c.hidden, c.actor_layers or c.layers).to(self.device)
-        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.critic_layers or c.layers).to(self.device)
+        self.actor = IQLGaussianActor(obs_dim, act_dim, c.hidden, c.actor_depth).to(self.device)
+        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.critic_depth).to(self.device)
         self.critic_target = copy.deepcopy(self.critic)
         self.value = ValueNet(obs_dim, c.hidden, c.layers).to(self.device)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=c.actor_lr)
@@ -110,9 +110,9 @@ class DARECalQL(DAREHost):
 
     def _build(self, obs_dim: int, act_dim: int) -> None:
         c = self.config
-        self.actor = TanhGaussianActor(obs_dim, act_dim, c.hidden, c.actor_layers or c.layers,
+        self.actor = TanhGaussianActor(obs_dim, act_dim, c.hidden, c.actor_depth,
                                        log_std_offset=c.actor_log_std_offset).to(self.device)
-        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.critic_layers or c.layers).to(self.device)
+        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.critic_depth).to(self.device)
         if c.orthogonal_init:
             orthogonal_init_(self.actor)
             orthogonal_init_(self.critic)

@@ -158,8 +158,8 @@ class DARETD3BC(DAREHost):
 
     def _build(self, obs_dim: int, act_dim: int) -> None:
         c = self.config
-        self.actor = Actor(obs_dim, act_dim, c.hidden, c.actor_layers or c.layers).to(self.device)
-        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.critic_layers or c.layers).to(self.device)
+        self.actor = Actor(obs_dim, act_dim, c.hidden, c.actor_depth).to(self.device)
+        self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.critic_depth).to(self.device)
         self.actor_target, self.critic_target = copy.deepcopy(self.actor), copy.deepcopy(self.critic)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=c.actor_lr)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.critic_lr)
