@@ -45,6 +45,12 @@ def test_corl_defaults_and_bad_config():
     assert isinstance(make_agent(2, 2, DAREConfig(host="calql", hidden=8)), DARECalQL)
 
 
+def test_iql_q_and_v_networks_follow_critic_layers():
+    linears = lambda m: sum(isinstance(x, torch.nn.Linear) for x in m.modules())  # noqa: E731
+    agent = make_agent(2, 2, DAREConfig(**corl_defaults("iql", antmaze=True), hidden=8, critic_layers=4))
+    assert linears(agent.critic.q1) == linears(agent.value) == 5 and linears(agent.actor) == 3  # actor: layers 2
+
+
 def test_iql_value_loss_is_the_expectile_loss():
     agent = DAREIQL(3, 2, DAREConfig(hidden=8, layers=1, iql_tau=0.8), seed=0)
     b = _batch()

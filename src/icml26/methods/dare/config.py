@@ -69,8 +69,8 @@ class DAREConfig:
         cql_max_target_backup: TD target max_k min_j Q'_j(s', a'_k) over ``cql_n_actions`` policy draws (antmaze).
         cql_clip_diff_min: lower clamp of each sample's CQL gap per critic (CORL antmaze -200; -inf = off).
         orthogonal_init: CORL's orthogonal init (gain sqrt 2, zero bias) of the Cal-QL actor and critics.
-        critic_layers, actor_layers: hidden layers of the Q networks / the actor (None: ``layers``; CORL Cal-QL's
-            actor has 3, its antmaze Q networks 5).
+        critic_layers, actor_layers: hidden layers of the Q networks (and IQL's V network) / the actor (None:
+            ``layers``; CORL Cal-QL's actor has 3, its antmaze Q networks 5).
         actor_log_std_offset: CORL Cal-QL's learnable log-std affine map (scale 1, offset this value, CORL -1);
             None: the plain log-std head.
 

@@ -42,7 +42,7 @@ class DAREIQL(DAREHost):
         self.actor = IQLGaussianActor(obs_dim, act_dim, c.hidden, c.actor_depth).to(self.device)
         self.critic = TwinQ(obs_dim, act_dim, c.hidden, c.critic_depth).to(self.device)
         self.critic_target = copy.deepcopy(self.critic)
-        self.value = ValueNet(obs_dim, c.hidden, c.layers).to(self.device)
+        self.value = ValueNet(obs_dim, c.hidden, c.critic_depth).to(self.device)  # V is a critic too
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=c.actor_lr)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=c.critic_lr)
         self.value_opt = torch.optim.Adam(self.value.parameters(), lr=c.critic_lr)
