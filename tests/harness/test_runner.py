@@ -211,8 +211,11 @@ def test_corrupt_result_file_is_named_and_replaced_with_force(tmp_path):
     with pytest.raises(ResultFileError, match="toy.json"):
         run_spec(spec, "quick", tmp_path)
     run_spec(_spec(_toy_run([]), id="other"), "quick", tmp_path)
+    (tmp_path / "benchmarks").mkdir()  # `make bench` JSON beside the rooms is not a result, so not listed
+    (tmp_path / "benchmarks" / "bench.json").write_text('{"rows": []}')
     page, md = write_report(tmp_path)
     assert "Unreadable result file" in md.read_text() and "toy.json" in page.read_text()
+    assert "bench.json" not in md.read_text()
     assert run_spec(spec, "quick", tmp_path, force=True)["status"] == "complete"
     assert json.loads(path.read_text())["verdict"] == "reproduced"
 

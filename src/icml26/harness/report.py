@@ -19,11 +19,15 @@ from .runner import ResultFileError, read_result
 COLOURS = {"reproduced": "#1a7f37", "not_reproduced": "#b42318", "inconclusive": "#9a6700"}
 
 
+NOT_RESULTS = frozenset({"benchmarks"})
+"""Folders of a results directory that hold other JSON: ``make bench`` writes ``results/benchmarks/``."""
+
+
 def load_results(out: Path) -> tuple[list[dict], list[str]]:
-    """Every result file under ``out`` (``ROOM/SPEC.json``) sorted by room then spec, and the problems of the
-    files that could not be read (one sentence each, naming the file)."""
+    """Every result file under ``out`` (``ROOM/SPEC.json``, outside ``NOT_RESULTS``) sorted by room then spec, and
+    the problems of the files that could not be read (one sentence each, naming the file)."""
     results, unreadable = [], []
-    for path in sorted(Path(out).glob("*/*.json")):
+    for path in sorted(p for p in Path(out).glob("*/*.json") if p.parent.name not in NOT_RESULTS):
         try:
             data = read_result(path)
         except ResultFileError as err:
