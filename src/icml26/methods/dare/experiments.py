@@ -273,11 +273,11 @@ SPECS = [
                "full": _tier(4000, 1500, host="iql", env_id="Hopper-v5", level="medium", transitions=100000,
                              sparse=False, reward_bias=0.0, eval_every=250, eval_episodes=5,
                              tune_online_steps=750)},
-        seeds={"smoke": 1, "full": 3},
+        seeds={"smoke": 1, "full": 10},
         checks=_checks("IQL"),
         null_value=0.0,
         notes="Hopper-v5 medium (100k transitions) recorded from our SAC (python -m icml26.rl.sac); IQL host, CORL "
               "MuJoCo defaults (tau 0.7, beta 3), 2x64 MLPs, 4k offline and 1.5k online steps (amendment 1: sized "
-              "for the machine's load; README, full-tier protocol); full tier only.",
+              "for the machine's load), 10 seeds (v3); README, full-tier protocol; full tier only.",
     ),
 ]
