@@ -140,7 +140,9 @@ def prepare(config: Mapping[str, Any]) -> dict:
         log_metrics(0, arm=arm, value=str(value), final=res["final"])
         return res["final"]
 
-    tuning = tune_per_arm(grids, score, mode="max", desc="dare tuning")
+    # every arm gets the same number of edge extensions (2 unless the tier says otherwise)
+    tuning = tune_per_arm(grids, score, mode="max", desc="dare tuning",
+                          max_extensions=config.get("tune_max_extensions", 2))
     # drop_all is a context arm at CORL's default actor lr: it collapsed to 0 at every lr tried on the tuning
     # seed, so a tie-broken grid edge would fail the tuning check for an arm the verdict does not use (README).
     tuning["chosen"]["drop_all"] = base_config(config).actor_lr
@@ -270,14 +272,14 @@ SPECS = [
         tiers={"smoke": _tier(20, 20, host="iql", env_id="Hopper-v5", level="random", transitions=600,
                               sparse=False, reward_bias=0.0, smoke_random_data=True, bc_steps=10, eval_every=10,
                               eval_episodes=1, tune_online_steps=10, batch_size=32, hidden=16),
-               "full": _tier(4000, 1500, host="iql", env_id="Hopper-v5", level="medium", transitions=100000,
+               "full": _tier(20000, 1500, host="iql", env_id="Hopper-v5", level="medium", transitions=100000,
                              sparse=False, reward_bias=0.0, eval_every=250, eval_episodes=5,
-                             tune_online_steps=750)},
+                             tune_online_steps=750, tune_max_extensions=4)},
         seeds={"smoke": 1, "full": 10},
         checks=_checks("IQL"),
         null_value=0.0,
         notes="Hopper-v5 medium (100k transitions) recorded from our SAC (python -m icml26.rl.sac); IQL host, CORL "
-              "MuJoCo defaults (tau 0.7, beta 3), 2x64 MLPs, 4k offline and 1.5k online steps (amendment 1: sized "
-              "for the machine's load), 10 seeds (v3); README, full-tier protocol; full tier only.",
+              "MuJoCo defaults (tau 0.7, beta 3), 2x64 MLPs, 20k offline (v4) and 1.5k online steps, 10 seeds, up "
+              "to 4 grid extensions per arm (v4); README, full-tier protocol v4; full tier only.",
     ),
 ]
