@@ -130,7 +130,9 @@ def online_run(arm: str, value: Any, config: Mapping[str, Any], seed: int) -> di
 
 def prepare(config: Mapping[str, Any]) -> dict:
     """Per-arm tuning on tuning seed 1000 (never reported), score = final normalised return, same 3-point budget
-    for dare (its reconstructed variants), origin and keep_all (alpha); drop_all runs untuned at CORL's lr."""
+    for dare (its reconstructed variants), origin and keep_all (the host's constraint strength), each grid extended
+    at an edge up to ``tune_max_extensions`` times (tier key, default 2, the same for every arm); drop_all runs
+    untuned at CORL's lr."""
     torch.set_num_threads(1)
     center = getattr(base_config(config), STRENGTH[config.get("host", "td3bc")])
     grids = {"dare": ListGrid(DARE_VARIANTS), "origin": LogGrid(center=center), "keep_all": LogGrid(center=center)}
@@ -140,7 +142,6 @@ def prepare(config: Mapping[str, Any]) -> dict:
         log_metrics(0, arm=arm, value=str(value), final=res["final"])
         return res["final"]
 
-    # every arm gets the same number of edge extensions (2 unless the tier says otherwise)
     tuning = tune_per_arm(grids, score, mode="max", desc="dare tuning",
                           max_extensions=config.get("tune_max_extensions", 2))
     # drop_all is a context arm at CORL's default actor lr: it collapsed to 0 at every lr tried on the tuning
