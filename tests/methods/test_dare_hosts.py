@@ -45,10 +45,13 @@ def test_corl_defaults_and_bad_config():
     assert isinstance(make_agent(2, 2, DAREConfig(host="calql", hidden=8)), DARECalQL)
 
 
+def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+
+
 def test_iql_q_and_v_networks_follow_critic_layers():
-    linears = lambda m: sum(isinstance(x, torch.nn.Linear) for x in m.modules())  # noqa: E731
     agent = make_agent(2, 2, DAREConfig(**corl_defaults("iql", antmaze=True), hidden=8, critic_layers=4))
-    assert linears(agent.critic.q1) == linears(agent.value) == 5 and linears(agent.actor) == 3  # actor: layers 2
+    assert len(_linears(agent.critic.q1)) == len(_linears(agent.value)) == 5 and len(_linears(agent.actor)) == 3
 
 
 def test_iql_value_loss_is_the_expectile_loss():
@@ -123,9 +126,8 @@ def test_calql_corl_antmaze_extras_are_the_defaults_and_build_corls_networks():
     assert d["orthogonal_init"] and d["cql_clip_diff_min"] == -200.0
     assert not corl_defaults("calql").get("cql_lagrange", False) and "critic_layers" not in corl_defaults("calql")
     agent = _calql_antmaze()
-    linears = lambda m: [x for x in m.modules() if isinstance(x, torch.nn.Linear)]  # noqa: E731
-    assert len(linears(agent.critic.q1)) == 6 and len(linears(agent.actor)) == 4
-    for lin in linears(agent.actor) + linears(agent.critic):  # orthogonal with gain sqrt(2), zero bias
+    assert len(_linears(agent.critic.q1)) == 6 and len(_linears(agent.actor)) == 4
+    for lin in _linears(agent.actor) + _linears(agent.critic):  # orthogonal with gain sqrt(2), zero bias
         w = lin.weight.detach().double()
         gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
         torch.testing.assert_close(gram, 2 * torch.eye(gram.shape[0], dtype=torch.float64), atol=1e-5, rtol=0)

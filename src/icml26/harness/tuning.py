@@ -34,6 +34,10 @@ from ..core.progress import progress
 TUNING_SEEDS = (1000,)
 """Seeds used for tuning only; reported seeds are 0..n-1, so no tuning seed is ever reported."""
 
+MAX_EXTENSIONS = 2
+"""How many times one arm's grid may grow past an edge unless a spec's tier sets its own (the same for every
+arm of a claim)."""
+
 
 @dataclass(frozen=True)
 class LogGrid:
@@ -138,7 +142,7 @@ def tuning_checkpoint(path: str | os.PathLike, identity: str) -> Iterator[None]:
 
 
 def tune_per_arm(grids: Mapping[str, LogGrid | ListGrid], score: Callable[[str, float, int], float], *,
-                 mode: str = "min", seeds: Iterable[int] = TUNING_SEEDS, max_extensions: int = 2,
+                 mode: str = "min", seeds: Iterable[int] = TUNING_SEEDS, max_extensions: int = MAX_EXTENSIONS,
                  desc: str = "tuning", ahead: Callable[[list[tuple[str, Any, int]]], Any] | None = None) -> dict:
     """Choose one value per arm by the same rule for every arm.
 

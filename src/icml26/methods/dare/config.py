@@ -129,7 +129,7 @@ class DAREConfig:
 
     @property
     def critic_depth(self) -> int:
-        """Hidden layers of each Q network: ``critic_layers``, else ``layers``."""
+        """Hidden layers of each Q network (and IQL's V network): ``critic_layers``, else ``layers``."""
         return self.critic_layers or self.layers
 
     def __post_init__(self) -> None:

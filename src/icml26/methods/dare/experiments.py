@@ -29,7 +29,7 @@ import torch
 
 from ...core.logging import log_metrics
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
-from ...harness.tuning import ListGrid, LogGrid, tune_per_arm
+from ...harness.tuning import MAX_EXTENSIONS, ListGrid, LogGrid, tune_per_arm
 from ...rl import NAV_ENV_ID, make_env
 from ...rl.behavior import cached_dataset, generate
 from ...rl.sac import cached_mujoco_dataset, random_dataset
@@ -131,8 +131,8 @@ def online_run(arm: str, value: Any, config: Mapping[str, Any], seed: int) -> di
 def prepare(config: Mapping[str, Any]) -> dict:
     """Per-arm tuning on tuning seed 1000 (never reported), score = final normalised return, same 3-point budget
     for dare (its reconstructed variants), origin and keep_all (the host's constraint strength), each grid extended
-    at an edge up to ``tune_max_extensions`` times (tier key, default 2, the same for every arm); drop_all runs
-    untuned at CORL's lr."""
+    at an edge up to ``tune_max_extensions`` times (tier key, default ``MAX_EXTENSIONS``, the same for every arm);
+    drop_all runs untuned at CORL's lr."""
     torch.set_num_threads(1)
     center = getattr(base_config(config), STRENGTH[config.get("host", "td3bc")])
     grids = {"dare": ListGrid(DARE_VARIANTS), "origin": LogGrid(center=center), "keep_all": LogGrid(center=center)}
@@ -143,7 +143,7 @@ def prepare(config: Mapping[str, Any]) -> dict:
         return res["final"]
 
     tuning = tune_per_arm(grids, score, mode="max", desc="dare tuning",
-                          max_extensions=config.get("tune_max_extensions", 2))
+                          max_extensions=config.get("tune_max_extensions", MAX_EXTENSIONS))
     # drop_all is a context arm at CORL's default actor lr: it collapsed to 0 at every lr tried on the tuning
     # seed, so a tie-broken grid edge would fail the tuning check for an arm the verdict does not use (README).
     tuning["chosen"]["drop_all"] = base_config(config).actor_lr

@@ -43,7 +43,7 @@ from ...core.logging import log_metrics
 from ...core.progress import progress
 from ...core.seeding import seed_everything
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
-from ...harness.tuning import ListGrid, LogGrid, tune_per_arm
+from ...harness.tuning import MAX_EXTENSIONS, ListGrid, LogGrid, tune_per_arm
 from .config import LockInConfig
 from .curves import fit_degradation_curve, matched_spread
 from .probe import LockInProbe
@@ -314,7 +314,7 @@ def tune_strengths(config: Mapping[str, Any]) -> dict:
              "freeze": ListGrid(tuple(config["freeze_grid"][:size])),
              "project": ListGrid(tuple(config["project_k_grid"][:size]))}
     return {"tuning": tune_per_arm(grids, score, mode="min", desc="lockin strengths",
-                                   max_extensions=config.get("max_extensions", 2))}
+                                   max_extensions=config.get("max_extensions", MAX_EXTENSIONS))}
 
 
 @functools.lru_cache(maxsize=16)  # must hold every seed of a tier, else each spec retrains every seed
