@@ -166,3 +166,23 @@ def test_the_curve_plot_names_the_specs_own_evaluation_episodes():
     ax = Figure().subplots()
     ex.plot_curves(result, ax)
     assert ax.get_ylabel() == "normalised return (5 episodes per evaluation)"
+
+
+def test_seed_workers_score_the_tuning_grid_ahead_with_the_same_numbers(tmp_path, monkeypatch):
+    """``--seed-jobs 2``: every tuning point's online run is computed in the room's workers (``ahead`` must name
+    exactly the runs ``score`` reads, or this process would fine-tune them again), the finished runs are kept in
+    OUT/dare/runs/, and the result equals a run in one process."""
+    from icml26.harness.runner import reproduce
+
+    def fine_tuned_here(*args, **kwargs):
+        raise AssertionError("an online run was computed in the parent process")
+
+    monkeypatch.setattr(ex, "finetune", fine_tuned_here)
+    (parallel,) = reproduce(["dare"], "smoke", tmp_path / "two", spec_ids=["dare_vs_origin"], n_seeds=2, seed_jobs=2)
+    monkeypatch.undo()
+    # 3 + 3 + 3 grid points and up to 2 extensions each for origin / keep_all, plus 4 arms for each of 2 seeds
+    assert len(list((tmp_path / "two" / "dare" / "runs").glob("online_run-*.json"))) >= 9 + 2 * 4
+    (serial,) = reproduce(["dare"], "smoke", tmp_path / "one", spec_ids=["dare_vs_origin"], n_seeds=2)
+    assert parallel["prepared"] == serial["prepared"]
+    assert [r["statistics"] for r in parallel["seed_results"]] == [r["statistics"] for r in serial["seed_results"]]
+    assert [r["checks"] for r in parallel["seed_results"]] == [r["checks"] for r in serial["seed_results"]]

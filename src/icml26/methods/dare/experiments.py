@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ...core.logging import log_metrics
+from ...harness.run_store import run_ahead, stored_run
 from ...harness.spec import Comparator, ExperimentSpec, MechanismCheck
 from ...harness.tuning import MAX_EXTENSIONS, ListGrid, LogGrid, tune_per_arm
 from ...rl import NAV_ENV_ID, make_env
@@ -113,6 +114,17 @@ def pretrained(config: Mapping[str, Any], seed: int) -> dict:
 
 
 def online_run(arm: str, value: Any, config: Mapping[str, Any], seed: int) -> dict:
+    """One arm's online fine-tuning from the seed's offline state (``pretrained``), with its tuned ``value``.
+
+    Returns ``final`` (mean of the last two evaluations), ``auc``, ``dip`` (worst drop in the first third), ``start``,
+    the ``curve`` ([[step, normalised return], ...]), DARE's ``diag`` means and the seed's ``offline_score``. Under
+    ``icml26 reproduce`` a finished run is kept in OUT/dare/runs/, so a killed full tier resumes run by run and
+    ``--seed-jobs N`` computes a tuning grid N runs at a time (``run_ahead``)."""
+    return _online_run(arm, value, dict(config), seed)
+
+
+@stored_run
+def _online_run(arm: str, value: Any, config: dict, seed: int) -> dict:
     base = pretrained(config, seed)
     agent = make_agent(*_dims(config), arm_config(arm, value, config), _device(), seed=seed)
     agent.load_state_dict({**base["state"], "config": None})
@@ -125,7 +137,7 @@ def online_run(arm: str, value: Any, config: Mapping[str, Any], seed: int) -> di
     ys = [y for _, y in curve]
     early = [y for x, y in curve if 0 < x <= config["online_steps"] // 3] or ys[1:2]
     return {"final": float(np.mean(ys[-2:])), "auc": float(np.mean(ys[1:])), "dip": float(min(early) - ys[0]),
-            "start": ys[0], "curve": curve, "diag": out["diag"]}
+            "start": ys[0], "curve": curve, "diag": out["diag"], "offline_score": base["offline_score"]}
 
 
 def prepare(config: Mapping[str, Any]) -> dict:
@@ -137,13 +149,18 @@ def prepare(config: Mapping[str, Any]) -> dict:
     center = getattr(base_config(config), STRENGTH[config.get("host", "td3bc")])
     grids = {"dare": ListGrid(DARE_VARIANTS), "origin": LogGrid(center=center), "keep_all": LogGrid(center=center)}
 
+    tune_config = {**config, "online_steps": config["tune_online_steps"]}
+
     def score(arm: str, value: Any, seed: int) -> float:
-        res = online_run(arm, value, {**config, "online_steps": config["tune_online_steps"]}, seed)
+        res = online_run(arm, value, tune_config, seed)
         log_metrics(0, arm=arm, value=str(value), final=res["final"])
         return res["final"]
 
     tuning = tune_per_arm(grids, score, mode="max", desc="dare tuning",
-                          max_extensions=config.get("tune_max_extensions", MAX_EXTENSIONS))
+                          max_extensions=config.get("tune_max_extensions", MAX_EXTENSIONS),
+                          # with --seed-jobs N the grid's online runs go N at a time to the room's workers
+                          ahead=lambda points: run_ahead(_online_run, [((arm, value, tune_config, seed), {})
+                                                                       for arm, value, seed in points]))
     # drop_all is a context arm at CORL's default actor lr: it collapsed to 0 at every lr tried on the tuning
     # seed, so a tie-broken grid edge would fail the tuning check for an arm the verdict does not use (README).
     tuning["chosen"]["drop_all"] = base_config(config).actor_lr
@@ -154,7 +171,6 @@ def run_claim(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any])
     torch.set_num_threads(1)
     chosen = prepared["tuning"]["chosen"]
     runs = {arm: online_run(arm, chosen[arm], config, seed) for arm in ARMS}
-    base = pretrained(config, seed)
     for arm, r in runs.items():
         log_metrics(config["online_steps"], arm=arm, final=r["final"], auc=r["auc"], dip=r["dip"])
     arms = {arm: {"final": r["final"], "auc": r["auc"], "dip": r["dip"], "start": r["start"]} for arm, r in runs.items()}
@@ -168,7 +184,7 @@ def run_claim(config: Mapping[str, Any], seed: int, prepared: Mapping[str, Any])
              "final_gain_vs_drop_all": runs["dare"]["final"] - runs["drop_all"]["final"],
              "separation_gain": d.get("sep_exchange", math.nan) - d.get("sep_origin", math.nan)}
     exchanged = 0.5 * (d.get("released", math.nan) + d.get("kept_online", math.nan))
-    checks = {"offline_score": base["offline_score"], "exchanged_fraction": exchanged,
+    checks = {"offline_score": runs["dare"]["offline_score"], "exchanged_fraction": exchanged,
               "exchanged_fraction_max": exchanged}
     return {"arms": arms, "statistics": stats, "checks": checks,
             "curves": {arm: r["curve"] for arm, r in runs.items()}}
@@ -259,12 +275,14 @@ SPECS = [
                               reward_bias=0.0, smoke_random_data=True, bc_steps=10, eval_every=10, eval_episodes=1,
                               tune_online_steps=10, batch_size=32, hidden=16),
                "full": _tier(20000, 20000, env_id="Hopper-v5", level="medium", transitions=100000, sparse=False,
-                             reward_bias=0.0, hidden=256, eval_every=2000, eval_episodes=5)},
+                             reward_bias=0.0, hidden=256, eval_every=2000, eval_episodes=5,
+                             tune_max_extensions=4)},
         seeds={"smoke": 1, "full": 3},
         checks=_checks("TD3+BC"),
         null_value=0.0,
         notes="Hopper-v5 medium recorded from our SAC (python -m icml26.rl.sac); TD3+BC host, CORL MuJoCo "
-              "defaults, no state normalisation; full tier only.",
+              "defaults, no state normalisation; up to 4 grid extensions per arm (v2, on data v3); README; full "
+              "tier only.",
     ),
     ExperimentSpec(
         id="dare_vs_origin_iql_hopper", room="dare", claim=CLAIM, paper_ref=PAPER_REF,
