@@ -168,6 +168,29 @@ def test_the_curve_plot_names_the_specs_own_evaluation_episodes():
     assert ax.get_ylabel() == "normalised return (5 episodes per evaluation)"
 
 
+def _tensors(state, path=""):
+    """(path, tensor) for every tensor in a nested state dict."""
+    if isinstance(state, dict):
+        return [pair for key, value in state.items() for pair in _tensors(value, f"{path}/{key}")]
+    return [(path, state)] if torch.is_tensor(state) else []
+
+
+@pytest.mark.parametrize("spec_id", ["dare_vs_origin", "dare_vs_origin_iql", "dare_vs_origin_calql"])
+def test_an_online_run_leaves_the_shared_offline_state_untouched(spec_id):
+    """Every arm of a seed starts from one in-memory offline state. torch's Optimizer.load_state_dict keeps the
+    given Adam tensors, so before the fix the first arm's online updates moved that state's moments and step
+    counts, and every later arm (and tuning point) started from where the previous one ended: results depended
+    on the order of the runs in a process."""
+    cfg = dict(next(s for s in ex.SPECS if s.id == spec_id).tiers["smoke"])
+    variant = ex.DARE_VARIANTS[0]
+    before = [(path, t.clone()) for path, t in _tensors(ex.pretrained(cfg, 0)["state"])]
+    assert any("_opt/state" in path for path, _ in before)  # the optimisers' moments are part of the state
+    ex.online_run("dare", variant, cfg, 0)
+    after = dict(_tensors(ex.pretrained(cfg, 0)["state"]))
+    changed = [path for path, t in before if not torch.equal(t, after[path])]
+    assert not changed, f"an online run changed the shared offline state: {changed[:5]}"
+
+
 def test_seed_workers_score_the_tuning_grid_ahead_with_the_same_numbers(tmp_path, monkeypatch):
     """``--seed-jobs 2``: every tuning point's online run is computed in the room's workers (``ahead`` must name
     exactly the runs ``score`` reads, or this process would fine-tune them again), the finished runs are kept in

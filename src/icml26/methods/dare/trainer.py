@@ -144,6 +144,11 @@ class DAREHost:
                 "n_updates": self.n_updates, "online": self.online, "config": asdict(self.config)}
 
     def load_state_dict(self, state: dict) -> None:
+        # torch's Optimizer.load_state_dict keeps the given Adam moment and step tensors (no copy) when their dtype
+        # and device already match, so training would update ``state`` in place, and the next agent loaded from
+        # the same in-memory state (the next arm from one offline start) would begin from the moments this one
+        # ended with. Copy first: loading never ties the agent to the caller's tensors.
+        state = copy.deepcopy(state)
         for m in (*self.modules, "behavior"):
             getattr(self, m).load_state_dict(state[m])
         self.gen.set_state(state["gen"])
